@@ -1,0 +1,36 @@
+"""Collectives over MPI for host (numpy) arrays: ringtrain's own algorithms, Horovod's names."""
+
+from ._allgather import allgather, allgather_async
+from ._allreduce import (allreduce, allreduce_, allreduce_async, allreduce_async_,
+                         grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+                         grouped_allreduce_async_)
+from ._alltoall import alltoall, alltoall_async
+from ._broadcast import broadcast, broadcast_, broadcast_async, broadcast_async_
+from ._calls import poll, synchronize
+from ._executor import Handle
+from ._objects import allgather_object, barrier, broadcast_object
+from ._ops import Average, Max, Min, Product, ReduceOp, Sum
+from ._process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from ._reducescatter import reducescatter, reducescatter_async
+from ._world import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
+                     rank, shutdown, size)
+from .config import ALGORITHMS, Settings, configure, current_settings
+from .errors import (CommunicationError, InvalidArgumentError, MismatchError,
+                     NotInitializedError, RingtrainError, UnsupportedDtypeError)
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "cross_rank", "cross_size",
+    "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
+    "ReduceOp", "Average", "Sum", "Min", "Max", "Product",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async",
+    "broadcast_async_", "reducescatter", "reducescatter_async", "alltoall", "alltoall_async",
+    "barrier", "broadcast_object", "allgather_object",
+    "Handle", "poll", "synchronize",
+    "Settings", "ALGORITHMS", "configure", "current_settings",
+    "RingtrainError", "MismatchError", "InvalidArgumentError", "UnsupportedDtypeError",
+    "CommunicationError", "NotInitializedError",
+]

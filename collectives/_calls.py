@@ -1,0 +1,101 @@
+"""What every collective does around its algorithm: check arrays, order the call, wrap errors."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from mpi4py import MPI
+import numpy as np
+
+from ._executor import Handle
+from ._world import mpi_threads_supported, world
+from .errors import (CommunicationError, InvalidArgumentError, RingtrainError,
+                     UnsupportedDtypeError, tensor_label)
+
+
+def input_array(tensor: Any, collective: str, name: str | None) -> np.ndarray:
+    """The caller's tensor as a numpy array (no copy when it already is one)."""
+    if isinstance(tensor, np.ndarray):
+        return tensor
+    try:
+        return np.asarray(tensor)
+    except (TypeError, ValueError) as error:
+        raise UnsupportedDtypeError(
+            f"{collective} of tensor {tensor_label(name)}: cannot use a "
+            f"{type(tensor).__name__} as an array: {error}") from None
+
+
+def in_place_array(tensor: Any, collective: str, name: str | None) -> np.ndarray:
+    """The caller's tensor for an in-place collective: a writable numpy array."""
+    if not isinstance(tensor, np.ndarray):
+        raise InvalidArgumentError(
+            f"{collective} of tensor {tensor_label(name)}: works in place and needs a numpy "
+            f"array, got {type(tensor).__name__}")
+    if not tensor.flags.writeable:
+        raise InvalidArgumentError(
+            f"{collective} of tensor {tensor_label(name)}: the array is read-only")
+    return tensor
+
+
+def flat(array: np.ndarray) -> np.ndarray:
+    """A 1-D view of a C-contiguous array, or a contiguous 1-D copy of any other."""
+    return array.reshape(-1) if array.flags.c_contiguous else np.ascontiguousarray(array).reshape(-1)
+
+
+def check_scale_factors(dtype: np.dtype, prescale_factor: float, postscale_factor: float,
+                        collective: str, name: str | None) -> None:
+    """Scale factors other than 1 need a floating dtype (an integer result would be cut)."""
+    if dtype.kind != "f" and (prescale_factor != 1.0 or postscale_factor != 1.0):
+        raise InvalidArgumentError(
+            f"{collective} of tensor {tensor_label(name)}: prescale_factor/postscale_factor "
+            f"need a floating dtype, got {dtype}")
+
+
+def execute(collective: str, name: str | None, body: Callable[[], Any],
+            asynchronous: bool = False) -> Any:
+    """Run ``body`` in program order; return its result, or a :class:`Handle` if asynchronous."""
+    executor = world().executor
+    guarded = functools.partial(_guarded, collective, name, body)
+    if not asynchronous:
+        return executor.run(guarded, collective, name)
+    if not mpi_threads_supported():
+        raise RingtrainError(
+            f"{collective}_async of tensor {tensor_label(name)}: MPI was initialized without "
+            f"thread support (MPI_THREAD_SERIALIZED or better is needed); leave "
+            f"mpi4py.rc.thread_level at its default 'multiple'")
+    return executor.submit(guarded, collective, name)
+
+
+def _guarded(collective: str, name: str | None, body: Callable[[], Any]) -> Any:
+    try:
+        return body()
+    except MPI.Exception as error:
+        raise CommunicationError(
+            f"rank {world().group.rank}: {collective} of tensor {tensor_label(name)}: "
+            f"MPI failed: {error}") from error
+
+
+def poll(handle: Handle) -> bool:
+    """Whether the asynchronous collective behind ``handle`` has finished.
+
+    Args:
+        handle: returned by one of the ``*_async`` functions.
+    """
+    return handle.done()
+
+
+def synchronize(handle: Handle) -> Any:
+    """Wait for an asynchronous collective and return its result.
+
+    Args:
+        handle: returned by one of the ``*_async`` functions.
+
+    Returns:
+        What the blocking form of the collective returns.
+
+    Raises:
+        Whatever the collective raised (e.g. :class:`~ringtrain.MismatchError`).
+    """
+    return handle.wait()

@@ -1,0 +1,85 @@
+"""Python objects across ranks (pickled), and the barrier."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import numpy as np
+
+from ._agreement import agree
+from ._allgather import gather_rows
+from ._broadcast import broadcast_bytes, root_in_group
+from ._calls import execute
+from ._process_sets import ProcessSet, resolve_group
+from ._selection import broadcast_algorithm
+from .config import current_settings
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
+                     process_set: ProcessSet | None = None) -> Any:
+    """Return ``root_rank``'s ``obj`` on every rank (pickled on the root).
+
+    Args:
+        obj: any picklable object on the root; ignored elsewhere.
+        root_rank: world rank of the sender.
+        name: names the call in error messages.
+        process_set: the ranks taking part (default: all).
+
+    Returns:
+        The root's object (the root gets ``obj`` itself, the others a copy).
+    """
+    group = resolve_group(process_set, "broadcast_object", name)
+    root = root_in_group(group, root_rank, "broadcast_object", name)
+    call = {"collective": "broadcast_object", "name": name, "root_rank": int(root_rank)}
+    settings = current_settings()
+
+    def run() -> Any:
+        agree(group, call)
+        if group.size == 1:
+            return obj
+        payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if group.rank == root \
+            else b""
+        length = np.array([len(payload)], np.int64)
+        broadcast_bytes(group, length.view(np.uint8), root, "binomial", settings.segment_bytes)
+        data = np.frombuffer(payload, np.uint8).copy() if group.rank == root \
+            else np.empty(int(length[0]), np.uint8)
+        algorithm = broadcast_algorithm(None, data.nbytes, group.size, settings, name)
+        broadcast_bytes(group, data, root, algorithm, settings.segment_bytes)
+        return obj if group.rank == root else pickle.loads(data.tobytes())
+
+    return execute("broadcast_object", name, run)
+
+
+def allgather_object(obj: Any, name: str | None = None,
+                     process_set: ProcessSet | None = None) -> list[Any]:
+    """Return the list of every rank's ``obj``, in rank order (pickled).
+
+    Args:
+        obj: any picklable object.
+        name: names the call in error messages.
+        process_set: the ranks taking part (default: all).
+    """
+    group = resolve_group(process_set, "allgather_object", name)
+    call = {"collective": "allgather_object", "name": name}
+
+    def run() -> list[Any]:
+        agree(group, call)
+        mine = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        data, counts = gather_rows(group, np.frombuffer(mine, np.uint8), (), "ring")
+        offsets = [0, *np.cumsum(counts).tolist()]
+        return [pickle.loads(data[offsets[r]:offsets[r + 1]].tobytes())
+                for r in range(group.size)]
+
+    return execute("allgather_object", name, run)
+
+
+def barrier(process_set: ProcessSet | None = None) -> None:
+    """Return once every rank of the process set has called ``barrier``.
+
+    Args:
+        process_set: the ranks taking part (default: all).
+    """
+    group = resolve_group(process_set, "barrier", None)
+    call = {"collective": "barrier", "name": None}
+    execute("barrier", None, lambda: agree(group, call))

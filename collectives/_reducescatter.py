@@ -1,0 +1,100 @@
+"""reducescatter: the reduction over all ranks, each rank keeping its share of axis 0."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..kernels import REDUCTION_UFUNCS
+from . import _ring
+from ._agreement import agree
+from ._allreduce import check_reduction, finisher
+from ._calls import execute, flat, input_array
+from ._executor import Handle
+from ._native import MPI_OPS
+from ._ops import ReduceOp, resolve_op
+from ._process_sets import ProcessSet, resolve_group
+from ._selection import simple_algorithm
+from .config import current_settings
+from .errors import InvalidArgumentError, tensor_label
+
+
+def reducescatter(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | None = None,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                  process_set: ProcessSet | None = None, *,
+                  algorithm: str | None = None) -> np.ndarray:
+    """Reduce ``tensor`` over all ranks and return this rank's share of axis 0.
+
+    Axis 0 is split as evenly as possible, the earlier ranks taking the extra rows (the
+    ``numpy.array_split`` convention): with 10 rows on 4 ranks, ranks get 3, 3, 2, 2.
+
+    Args:
+        tensor: this rank's array, at least 1-D; same shape and dtype on every rank.
+        op, name, prescale_factor, postscale_factor, process_set: as for
+            :func:`~ringtrain.allreduce`.
+        algorithm: ``ring``, ``native`` or ``auto``.
+
+    Returns:
+        A new array of shape ``(rows of this rank, *tensor.shape[1:])``.
+    """
+    return execute("reducescatter", name, _prepare(tensor, op, name, prescale_factor,
+                                                   postscale_factor, process_set, algorithm))
+
+
+def reducescatter_async(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
+                        name: str | None = None, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0, process_set: ProcessSet | None = None,
+                        *, algorithm: str | None = None) -> Handle:
+    """Start :func:`reducescatter`; ``synchronize(handle)`` returns this rank's share."""
+    return execute("reducescatter", name,
+                   _prepare(tensor, op, name, prescale_factor, postscale_factor, process_set,
+                            algorithm), asynchronous=True)
+
+
+def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
+             postscale_factor: float, process_set: ProcessSet | None,
+             algorithm: str | None) -> Callable[[], np.ndarray]:
+    array = input_array(tensor, "reducescatter", name)
+    op = resolve_op(op, "reducescatter", name)
+    check_reduction(array, op, name, prescale_factor, postscale_factor, "reducescatter")
+    if array.ndim == 0:
+        raise InvalidArgumentError(
+            f"reducescatter of tensor {tensor_label(name)}: needs at least one dimension "
+            f"to split, got a 0-d array")
+    group = resolve_group(process_set, "reducescatter", name)
+    settings = current_settings()
+    chosen = simple_algorithm("reducescatter", algorithm, settings, name)
+    call = {"collective": "reducescatter", "name": name, "op": op.name, "dtype": array.dtype,
+            "shape": array.shape, "algorithm": chosen,
+            "segment_bytes": settings.segment_bytes if chosen == "ring" else None}
+    row = int(np.prod(array.shape[1:], dtype=np.int64))
+    rows = _ring.chunk_bounds(array.shape[0], group.size)
+    bounds = [r * row for r in rows]
+    mine = slice(bounds[group.rank], bounds[group.rank + 1])
+    finish = finisher(group.size if op is ReduceOp.Average else 1, postscale_factor)
+    ufunc = REDUCTION_UFUNCS[op.value]
+
+    def run() -> np.ndarray:
+        agree(group, call)
+        source = flat(array)
+        output = np.empty((rows[group.rank + 1] - rows[group.rank], *array.shape[1:]),
+                          array.dtype)
+        if prescale_factor != 1.0:
+            source = source * np.asarray(prescale_factor, array.dtype)
+        if group.size == 1:
+            output.reshape(-1)[:] = source
+        elif chosen == "native":
+            counts = [bounds[r + 1] - bounds[r] for r in range(group.size)]
+            group.comm.Reduce_scatter(source, output.reshape(-1), counts, MPI_OPS[op])
+        else:
+            work = np.empty_like(source)
+            _ring.reduce_scatter(group, source, work, bounds, ufunc, None,
+                                 settings.segment_bytes)
+            output.reshape(-1)[:] = work[mine]
+        if finish is not None:
+            finish(output)
+        return output
+
+    return run

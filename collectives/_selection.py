@@ -1,0 +1,54 @@
+"""The automatic choice of algorithm, by message size and world size.
+
+allreduce: recursive doubling up to ``recursive_doubling_max_bytes`` (fewest messages:
+lg p rounds), the ring above it (least data per rank: 2(p-1)/p*n, reduced in cached
+segments). broadcast: one direct send for two ranks, a binomial tree below
+``broadcast_pipeline_min_bytes``, the pipelined chain from it on. allgather and
+reducescatter: the ring. alltoall: the pairwise exchange. Thresholds are settings (see
+``config``), and ``algorithm=`` on a call overrides the choice.
+"""
+
+from __future__ import annotations
+
+from .config import ALGORITHMS, Settings
+from .errors import InvalidArgumentError, tensor_label
+
+_DEFAULTS = {"allgather": "ring", "reducescatter": "ring", "alltoall": "pairwise"}
+
+
+def requested(collective: str, algorithm: str | None, settings: Settings,
+              name: str | None) -> str:
+    """The algorithm asked for by the call, else by the settings (possibly ``auto``)."""
+    choice = getattr(settings, f"{collective}_algorithm") if algorithm is None else algorithm
+    if choice not in ALGORITHMS[collective]:
+        raise InvalidArgumentError(
+            f"{collective} of tensor {tensor_label(name)}: unknown algorithm {choice!r}; "
+            f"use one of {', '.join(ALGORITHMS[collective])}")
+    return choice
+
+
+def allreduce_algorithm(algorithm: str | None, nbytes: int, size: int, settings: Settings,
+                        name: str | None) -> str:
+    """Choose the allreduce algorithm."""
+    choice = requested("allreduce", algorithm, settings, name)
+    if choice != "auto":
+        return choice
+    return "recursive_doubling" if nbytes <= settings.recursive_doubling_max_bytes else "ring"
+
+
+def broadcast_algorithm(algorithm: str | None, nbytes: int, size: int, settings: Settings,
+                        name: str | None) -> str:
+    """Choose the broadcast algorithm."""
+    choice = requested("broadcast", algorithm, settings, name)
+    if choice != "auto":
+        return choice
+    if size <= 2 or nbytes < settings.broadcast_pipeline_min_bytes:
+        return "binomial"
+    return "pipeline"
+
+
+def simple_algorithm(collective: str, algorithm: str | None, settings: Settings,
+                     name: str | None) -> str:
+    """Choose the algorithm of allgather, reducescatter or alltoall."""
+    choice = requested(collective, algorithm, settings, name)
+    return _DEFAULTS[collective] if choice == "auto" else choice

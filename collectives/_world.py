@@ -1,0 +1,126 @@
+"""The communicator: ``init``, ``shutdown`` and the rank/size queries."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mpi4py import MPI
+
+from ._executor import Executor
+from ._group import Group
+from .errors import NotInitializedError
+
+
+@dataclasses.dataclass
+class World:
+    """What :func:`init` sets up.
+
+    Attributes:
+        group: all ranks, on ringtrain's own communicator.
+        local_comm: the ranks on this node (a shared-memory split).
+        cross_comm: the ranks with the same local rank, one per node.
+        executor: orders every collective of this process.
+        generation: counts inits, so process sets know when to rebuild their communicators.
+        process_set_groups: the communicators built for process sets, freed at shutdown.
+    """
+
+    group: Group
+    local_comm: MPI.Comm
+    cross_comm: MPI.Comm
+    executor: Executor
+    generation: int
+    process_set_groups: list[Group] = dataclasses.field(default_factory=list)
+
+
+_world: World | None = None
+_generation = 0
+
+
+def init(comm: MPI.Comm | None = None) -> None:
+    """Start ringtrain on ``comm`` (default: all of ``MPI.COMM_WORLD``).
+
+    ringtrain communicates on a duplicate of ``comm``, so its messages never meet the
+    user's. Calling ``init`` again while initialized does nothing.
+
+    Args:
+        comm: the communicator whose ranks take part; every one of its ranks must call
+            ``init``.
+    """
+    global _world, _generation
+    if _world is not None:
+        return
+    base = MPI.COMM_WORLD if comm is None else comm
+    own = base.Dup()
+    own.Set_name("ringtrain")
+    world_ranks = tuple(range(own.Get_size()))
+    local_comm = own.Split_type(MPI.COMM_TYPE_SHARED, key=own.Get_rank())
+    cross_comm = own.Split(color=local_comm.Get_rank(), key=own.Get_rank())
+    _generation += 1
+    _world = World(Group(own, world_ranks), local_comm, cross_comm, Executor(), _generation)
+
+
+def shutdown() -> None:
+    """Finish queued collectives and release ringtrain's communicators.
+
+    MPI itself stays initialized (mpi4py finalizes it at exit), so ``init`` may be
+    called again.
+    """
+    global _world
+    world = _world
+    if world is None:
+        return
+    world.executor.close()
+    _world = None
+    if not MPI.Is_finalized():
+        for group in world.process_set_groups:
+            group.free()
+        world.cross_comm.Free()
+        world.local_comm.Free()
+        world.group.free()
+
+
+def is_initialized() -> bool:
+    """Whether :func:`init` has been called (and :func:`shutdown` not since)."""
+    return _world is not None
+
+
+def world() -> World:
+    """The state set up by :func:`init`; raises :class:`NotInitializedError` before it."""
+    if _world is None:
+        raise NotInitializedError("ringtrain is not initialized: call ringtrain.init() first")
+    return _world
+
+
+def rank() -> int:
+    """This process's rank among all of ringtrain's ranks."""
+    return world().group.rank
+
+
+def size() -> int:
+    """Number of ranks."""
+    return world().group.size
+
+
+def local_rank() -> int:
+    """This process's rank among the ranks on its node."""
+    return world().local_comm.Get_rank()
+
+
+def local_size() -> int:
+    """Number of ranks on this process's node."""
+    return world().local_comm.Get_size()
+
+
+def cross_rank() -> int:
+    """This node's index among the nodes (the rank among ranks with the same local rank)."""
+    return world().cross_comm.Get_rank()
+
+
+def cross_size() -> int:
+    """Number of nodes that have a rank with this process's local rank."""
+    return world().cross_comm.Get_size()
+
+
+def mpi_threads_supported() -> bool:
+    """Whether MPI allows calls from more than one thread (needed by the async collectives)."""
+    return MPI.Query_thread() >= MPI.THREAD_SERIALIZED

@@ -1,0 +1,83 @@
+"""ringtrain's exceptions: one hierarchy, every message naming rank, collective and tensor.
+
+Each class also derives from the built-in exception a Python user would expect
+(``TypeError`` for a wrong dtype, ``ValueError`` for a bad argument, ``RuntimeError``
+for a failure across ranks), so ``except RuntimeError`` keeps working in scripts
+written for Horovod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+class RingtrainError(Exception):
+    """Base class of every error ringtrain raises on purpose."""
+
+
+class NotInitializedError(RingtrainError, RuntimeError):
+    """A collective or query was called before :func:`ringtrain.init`."""
+
+
+class InvalidArgumentError(RingtrainError, ValueError):
+    """An argument is wrong on this rank; raised before any communication."""
+
+
+class UnsupportedDtypeError(RingtrainError, TypeError):
+    """The array's dtype is not supported by this collective or operation."""
+
+
+class CommunicationError(RingtrainError, RuntimeError):
+    """MPI reported a failure while a collective was moving data."""
+
+
+class MismatchError(RingtrainError, RuntimeError):
+    """Ranks called the same collective with different arguments.
+
+    Raised on every rank of the process set, with the same message everywhere.
+
+    Attributes:
+        collective: name of the collective, e.g. ``"allreduce"``.
+        tensor_name: the ``name=`` given to the call (``None`` when unnamed).
+        differences: for each differing field, the value each rank sent,
+            as ``{field: {rank: value}}``.
+    """
+
+    def __init__(self, collective: str, tensor_name: str | None,
+                 differences: Mapping[str, Mapping[int, Any]]):
+        self.collective = collective
+        self.tensor_name = tensor_name
+        self.differences = {field: dict(values) for field, values in differences.items()}
+        super().__init__(_describe_mismatch(collective, tensor_name, self.differences))
+
+
+def tensor_label(name: str | None) -> str:
+    """How a tensor is named in messages: its name quoted, or ``(unnamed)``."""
+    return "(unnamed)" if name is None else repr(name)
+
+
+def format_ranks(ranks: Sequence[int]) -> str:
+    """``[2]`` -> ``"rank 2"``, ``[0, 1, 3]`` -> ``"ranks 0,1,3"``."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ",".join(str(r) for r in ranks)
+
+
+def _describe_mismatch(collective: str, tensor_name: str | None,
+                       differences: Mapping[str, Mapping[int, Any]]) -> str:
+    parts = []
+    for field, by_rank in differences.items():
+        groups: dict[str, list[int]] = {}
+        for rank in sorted(by_rank):
+            groups.setdefault(_show(by_rank[rank]), []).append(rank)
+        # The smallest group first: it is usually the odd one out.
+        ordered = sorted(groups.items(), key=lambda item: (len(item[1]), item[1][0]))
+        parts.append(", ".join(f"{format_ranks(ranks)} sent {field} {value}"
+                               for value, ranks in ordered))
+    return (f"{collective} of tensor {tensor_label(tensor_name)} was called with different "
+            f"arguments across ranks: " + "; ".join(parts))
+
+
+def _show(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value)

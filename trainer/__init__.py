@@ -1,0 +1,1 @@
+"""Training-loop integration (DistributedOptimizer, gradient buckets): not yet written."""
