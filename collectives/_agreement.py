@@ -20,7 +20,6 @@ a different size still cannot overflow its partner.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from typing import Any
 
@@ -31,27 +30,50 @@ from ._group import Group
 from .errors import MismatchError
 
 HEADER_BYTES = 16
-PAYLOAD_CAPACITY = 64 * 1024
+PAYLOAD_CAPACITY = 128 * 1024
 """Largest allreduce payload that travels with the header (fixed: part of the protocol)."""
 
 _SIGNATURE_MASK = (1 << 62) - 1
 
 
-@functools.lru_cache(maxsize=4096)
-def signature(call: tuple) -> int:
-    """A 62-bit digest of a call's description, the same on every rank and every run."""
-    digest = hashlib.blake2b(repr(call).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & _SIGNATURE_MASK
+class Call:
+    """A collective call as the ranks compare it.
+
+    Attributes:
+        fields: the call's fields by name, starting with ``collective`` and ``name``;
+            shown, rank by rank, in the error message.
+        signature: a 62-bit digest of the fields, the same on every rank and every run.
+    """
+
+    __slots__ = ("fields", "signature")
+
+    def __init__(self, **fields: Any):
+        self.fields = fields
+        digest = hashlib.blake2b(repr(tuple(fields.items())).encode(), digest_size=8).digest()
+        self.signature = int.from_bytes(digest, "little") & _SIGNATURE_MASK
 
 
-def agree(group: Group, call: dict[str, Any], payload: np.ndarray | None = None,
+class _Buffers:
+    """The agreement's message buffers of one group, allocated once."""
+
+    def __init__(self) -> None:
+        self.message = np.empty(HEADER_BYTES + PAYLOAD_CAPACITY, np.uint8)
+        self.receive = np.empty(HEADER_BYTES + PAYLOAD_CAPACITY, np.uint8)
+        self.header = self.message[:HEADER_BYTES].view(np.int64)
+        self.received_header = self.receive[:HEADER_BYTES].view(np.int64)
+
+    def combine_headers(self, _: np.ndarray | None = None) -> None:
+        """Fold the received header into ours: elementwise max of ``[sig, -sig]``."""
+        np.maximum(self.header, self.received_header, out=self.header)
+
+
+def agree(group: Group, call: Call, payload: np.ndarray | None = None,
           ufunc: np.ufunc | None = None, result: np.ndarray | None = None) -> None:
     """Check that every rank of ``group`` made the same call; optionally allreduce a payload.
 
     Args:
         group: the ranks.
-        call: the call's fields by name, hashable values, starting with ``collective``
-            and ``name``; hashed for the check and shown in the error message.
+        call: what this rank was asked to do.
         payload: a 1-D contiguous array of at most ``PAYLOAD_CAPACITY`` bytes to reduce
             with ``ufunc`` over all ranks, or None.
         ufunc: the reduction for ``payload``.
@@ -64,42 +86,37 @@ def agree(group: Group, call: dict[str, Any], payload: np.ndarray | None = None,
         if payload is not None and result is not payload:
             result[:] = payload
         return
-    nbytes = 0 if payload is None else payload.nbytes
-    message = group.scratch.get("agree.send", HEADER_BYTES + PAYLOAD_CAPACITY)
-    message = message[:HEADER_BYTES + nbytes]
-    header = message[:HEADER_BYTES].view(np.int64)
-    own = signature(tuple(call.items()))
-    header[0], header[1] = own, -own
-    receive = group.scratch.get("agree.recv", HEADER_BYTES + PAYLOAD_CAPACITY)
+    buffers = group.state.get("agreement")
+    if buffers is None:
+        buffers = group.state["agreement"] = _Buffers()
+    header = buffers.header
+    header[0] = call.signature
+    header[1] = -call.signature
     if payload is None:
-        combine = functools.partial(_combine_headers, header)
+        _recursive_doubling.exchange(group, buffers.message[:HEADER_BYTES], buffers.receive,
+                                     buffers.combine_headers)
     else:
-        data = message[HEADER_BYTES:].view(payload.dtype)
+        end = HEADER_BYTES + payload.nbytes
+        data = buffers.message[HEADER_BYTES:end].view(payload.dtype)
         data[:] = payload
-        combine = functools.partial(_combine_with_payload, header, data, ufunc)
-    _recursive_doubling.exchange(group, message, receive, combine)
+        received = buffers.receive[HEADER_BYTES:end].view(payload.dtype)
+
+        def combine(_: np.ndarray) -> None:
+            # Unequal headers mean unequal calls: the payloads may differ even in size.
+            if buffers.received_header.tobytes() == header.tobytes():
+                ufunc(data, received, out=data)
+            else:
+                buffers.combine_headers()
+
+        _recursive_doubling.exchange(group, buffers.message[:end], buffers.receive, combine)
     if header[0] != -header[1]:
         _raise_mismatch(group, call)
     if payload is not None:
         result[:] = data
 
 
-def _combine_headers(header: np.ndarray, received: np.ndarray) -> None:
-    np.maximum(header, received[:HEADER_BYTES].view(np.int64), out=header)
-
-
-def _combine_with_payload(header: np.ndarray, data: np.ndarray, ufunc: np.ufunc,
-                          received: np.ndarray) -> None:
-    theirs = received[:HEADER_BYTES].view(np.int64)
-    # Unequal headers mean unequal calls: the payloads may not even have the same size.
-    if theirs[0] == header[0] and theirs[1] == header[1]:
-        ufunc(data, received[HEADER_BYTES:].view(data.dtype), out=data)
-    else:
-        np.maximum(header, theirs, out=header)
-
-
-def _raise_mismatch(group: Group, call: dict[str, Any]) -> None:
-    everyone = group.comm.allgather(call)
+def _raise_mismatch(group: Group, call: Call) -> None:
+    everyone = group.comm.allgather(call.fields)
     names = list(dict.fromkeys(name for description in everyone for name in description))
     differences = {}
     for name in names:
@@ -107,4 +124,4 @@ def _raise_mismatch(group: Group, call: dict[str, Any]) -> None:
                   for r, description in enumerate(everyone)}
         if len({repr(v) for v in values.values()}) > 1:
             differences[name] = values
-    raise MismatchError(call["collective"], call["name"], differences)
+    raise MismatchError(call.fields["collective"], call.fields["name"], differences)

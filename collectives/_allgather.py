@@ -9,7 +9,7 @@ from mpi4py import MPI
 import numpy as np
 
 from . import _ring
-from ._agreement import agree
+from ._agreement import Call, agree
 from ._calls import execute, flat, input_array
 from ._executor import Handle
 from ._group import Group
@@ -76,8 +76,8 @@ def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
     rows = array.reshape(1) if array.ndim == 0 else array
     group = resolve_group(process_set, "allgather", name)
     chosen = simple_algorithm("allgather", algorithm, current_settings(), name)
-    call = {"collective": "allgather", "name": name, "dtype": array.dtype,
-            "shape[1:]": rows.shape[1:], "algorithm": chosen}
+    call = Call(collective="allgather", name=name, dtype=array.dtype,
+                algorithm=chosen, **{"shape[1:]": rows.shape[1:]})
 
     def run() -> np.ndarray:
         agree(group, call)

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..kernels import REDUCTION_UFUNCS
 from . import _recursive_doubling, _ring
-from ._agreement import PAYLOAD_CAPACITY, agree
+from ._agreement import PAYLOAD_CAPACITY, Call, agree
 from ._calls import check_scale_factors, execute, flat, in_place_array, input_array
 from ._executor import Handle
 from ._group import Group
@@ -143,19 +143,63 @@ def check_reduction(array: np.ndarray, op: ReduceOp, name: str | None,
     check_scale_factors(array.dtype, prescale_factor, postscale_factor, collective, name)
 
 
+class _Plan:
+    """What one kind of allreduce call needs, validated and computed once, then reused."""
+
+    __slots__ = ("group", "settings", "op", "algorithm", "call", "finish", "ufunc")
+
+    def __init__(self, array: np.ndarray, op: Any, name: str | None, prescale_factor: float,
+                 postscale_factor: float, process_set: ProcessSet | None,
+                 algorithm: str | None, collective: str):
+        self.op = resolve_op(op, collective, name)
+        check_reduction(array, self.op, name, prescale_factor, postscale_factor, collective)
+        self.group = resolve_group(process_set, collective, name)
+        self.settings = current_settings()
+        self.algorithm = allreduce_algorithm(algorithm, array.nbytes, self.group.size,
+                                             self.settings, name)
+        self.call = Call(collective="allreduce", name=name, op=self.op.name,
+                         dtype=array.dtype, shape=array.shape, algorithm=self.algorithm,
+                         segment_bytes=None if self.algorithm == "native"
+                         else self.settings.segment_bytes)
+        self.finish = finisher(self.group.size if self.op is ReduceOp.Average else 1,
+                               postscale_factor)
+        self.ufunc = REDUCTION_UFUNCS[self.op.value]
+
+
+_plans: dict[tuple, _Plan] = {}
+_PLANS_KEPT = 1024
+
+
+def _plan(array: np.ndarray, op: Any, name: str | None, prescale_factor: float,
+          postscale_factor: float, process_set: ProcessSet | None, algorithm: str | None,
+          collective: str) -> _Plan:
+    """The cached plan for this kind of call, rebuilt when settings or the world changed."""
+    try:
+        key = (collective, array.shape, array.dtype, op, name, prescale_factor,
+               postscale_factor, process_set, algorithm)
+        plan = _plans.get(key)
+    except TypeError:  # an unhashable argument: validation will say what is wrong
+        key, plan = None, None
+    if plan is not None and plan.settings is current_settings() and \
+            plan.group is resolve_group(process_set, collective, name):
+        return plan
+    plan = _Plan(array, op, name, prescale_factor, postscale_factor, process_set, algorithm,
+                 collective)
+    if key is not None:
+        if len(_plans) >= _PLANS_KEPT:
+            _plans.clear()
+        _plans[key] = plan
+    return plan
+
+
 def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
              postscale_factor: float, process_set: ProcessSet | None, algorithm: str | None,
              in_place: bool) -> Callable[[], np.ndarray]:
     collective = "allreduce_" if in_place else "allreduce"
     array = (in_place_array if in_place else input_array)(tensor, collective, name)
-    op = resolve_op(op, collective, name)
-    check_reduction(array, op, name, prescale_factor, postscale_factor, collective)
-    group = resolve_group(process_set, collective, name)
-    settings = current_settings()
-    chosen = allreduce_algorithm(algorithm, array.nbytes, group.size, settings, name)
-    call = {"collective": "allreduce", "name": name, "op": op.name, "dtype": array.dtype,
-            "shape": array.shape, "algorithm": chosen,
-            "segment_bytes": None if chosen == "native" else settings.segment_bytes}
+    plan = _plan(array, op, name, prescale_factor, postscale_factor, process_set, algorithm,
+                 collective)
+    group, finish = plan.group, plan.finish
     source = flat(array)
     copy_back = in_place and not array.flags.c_contiguous
     if in_place:
@@ -164,21 +208,20 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
     else:
         output = np.empty(array.shape, array.dtype)
         result = output.reshape(-1)
-    ufunc = REDUCTION_UFUNCS[op.value]
-    finish = finisher(group.size if op is ReduceOp.Average else 1, postscale_factor)
 
     def run() -> np.ndarray:
         start = source
         if prescale_factor != 1.0:
             np.multiply(source, prescale_factor, out=result)
             start = result
-        if chosen == "recursive_doubling" and array.nbytes <= PAYLOAD_CAPACITY:
-            agree(group, call, payload=start, ufunc=ufunc, result=result)
+        if plan.algorithm == "recursive_doubling" and array.nbytes <= PAYLOAD_CAPACITY:
+            agree(group, plan.call, payload=start, ufunc=plan.ufunc, result=result)
             if finish is not None:
                 finish(result)
         else:
-            agree(group, call)
-            reduce_flat(group, chosen, start, result, op, finish, settings.segment_bytes)
+            agree(group, plan.call)
+            reduce_flat(group, plan.algorithm, start, result, plan.op, finish,
+                        plan.settings.segment_bytes)
         if copy_back:
             output[...] = result.reshape(output.shape)
         return output
@@ -240,10 +283,10 @@ def _prepare_grouped(tensors: Sequence[Any], op: Any, name: str | None,
                    for dtype, members in by_dtype.items()}
     chosen = {dtype: allreduce_algorithm(algorithm, fused_sizes[dtype] * dtype.itemsize,
                                          group.size, settings, name) for dtype in by_dtype}
-    call = {"collective": "grouped_allreduce", "name": name, "op": op.name,
-            "dtype": tuple(a.dtype for a in arrays), "shape": tuple(a.shape for a in arrays),
-            "algorithm": tuple(chosen[a.dtype] for a in arrays),
-            "segment_bytes": settings.segment_bytes}
+    call = Call(collective="grouped_allreduce", name=name, op=op.name,
+            dtype=tuple(a.dtype for a in arrays), shape=tuple(a.shape for a in arrays),
+            algorithm=tuple(chosen[a.dtype] for a in arrays),
+            segment_bytes=settings.segment_bytes)
     finish = finisher(group.size if op is ReduceOp.Average else 1, postscale_factor)
 
     def run() -> list[np.ndarray]:

@@ -9,7 +9,7 @@ from mpi4py import MPI
 import numpy as np
 
 from . import _pairwise, _ring
-from ._agreement import agree
+from ._agreement import Call, agree
 from ._calls import execute, flat, input_array
 from ._executor import Handle
 from ._ops import COPY_DTYPES, check_dtype
@@ -73,8 +73,8 @@ def _prepare(tensor: Any, splits: Any, name: str | None, process_set: ProcessSet
     group = resolve_group(process_set, "alltoall", name)
     send_splits = _splits(splits, array.shape[0], group.size, name)
     chosen = simple_algorithm("alltoall", algorithm, current_settings(), name)
-    call = {"collective": "alltoall", "name": name, "dtype": array.dtype,
-            "shape[1:]": array.shape[1:], "algorithm": chosen}
+    call = Call(collective="alltoall", name=name, dtype=array.dtype, algorithm=chosen,
+                **{"shape[1:]": array.shape[1:]})
     row_bytes = array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
 
     def run() -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from . import _broadcast_algorithms
-from ._agreement import agree
+from ._agreement import Call, agree
 from ._calls import execute, flat, in_place_array, input_array
 from ._executor import Handle
 from ._group import Group
@@ -98,9 +98,9 @@ def _prepare(tensor: Any, root_rank: Any, name: str | None, process_set: Process
     root = root_in_group(group, root_rank, collective, name)
     settings = current_settings()
     chosen = broadcast_algorithm(algorithm, array.nbytes, group.size, settings, name)
-    call = {"collective": "broadcast", "name": name, "root_rank": int(root_rank),
-            "dtype": array.dtype, "shape": array.shape, "algorithm": chosen,
-            "segment_bytes": settings.segment_bytes if chosen == "pipeline" else None}
+    call = Call(collective="broadcast", name=name, root_rank=int(root_rank),
+            dtype=array.dtype, shape=array.shape, algorithm=chosen,
+            segment_bytes=settings.segment_bytes if chosen == "pipeline" else None)
 
     def run() -> np.ndarray:
         agree(group, call)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -57,15 +56,15 @@ def execute(collective: str, name: str | None, body: Callable[[], Any],
             asynchronous: bool = False) -> Any:
     """Run ``body`` in program order; return its result, or a :class:`Handle` if asynchronous."""
     executor = world().executor
-    guarded = functools.partial(_guarded, collective, name, body)
+    arguments = (collective, name, body)
     if not asynchronous:
-        return executor.run(guarded, collective, name)
+        return executor.run(_guarded, arguments, collective, name)
     if not mpi_threads_supported():
         raise RingtrainError(
             f"{collective}_async of tensor {tensor_label(name)}: MPI was initialized without "
             f"thread support (MPI_THREAD_SERIALIZED or better is needed); leave "
             f"mpi4py.rc.thread_level at its default 'multiple'")
-    return executor.submit(guarded, collective, name)
+    return executor.submit(_guarded, arguments, collective, name)
 
 
 def _guarded(collective: str, name: str | None, body: Callable[[], Any]) -> Any:

@@ -24,21 +24,22 @@ class Handle:
         name: the tensor's name, or ``None``.
     """
 
-    def __init__(self, run: Callable[[], Any], collective: str, name: str | None):
+    def __init__(self, run: Callable[..., Any], args: tuple, collective: str, name: str | None):
         self.collective = collective
         self.name = name
         self._run = run
+        self._args = args
         self._done = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
 
     def _execute(self) -> None:
         try:
-            self._result = self._run()
+            self._result = self._run(*self._args)
         except BaseException as error:  # handed to the waiting caller
             self._error = error
         finally:
-            self._run = None
+            self._run = self._args = None
             self._done.set()
 
     def done(self) -> bool:
@@ -61,60 +62,69 @@ class Executor:
     """FIFO execution of collectives: queued ones on a worker thread, blocking ones inline."""
 
     def __init__(self) -> None:
-        self._lock = threading.Condition()
+        self._mutex = threading.Lock()
+        self._wakeup = threading.Condition(self._mutex)
         self._queue: collections.deque[Handle] = collections.deque()
         self._busy = False
         self._closed = False
         self._thread: threading.Thread | None = None
 
-    def run(self, run: Callable[[], Any], collective: str, name: str | None) -> Any:
-        """Run a collective now, after everything queued before it; return its result."""
-        with self._lock:
+    def run(self, run: Callable[..., Any], args: tuple, collective: str, name: str | None) -> Any:
+        """Run ``run(*args)`` now, after everything queued before it; return its result."""
+        if self._thread is None and not self._closed:
+            # Nothing was ever queued: no other thread can be inside MPI. (Collectives
+            # are called from one thread; with several, their order is not defined.)
+            return run(*args)
+        with self._mutex:
             self._check_open()
             inline = not self._queue and not self._busy
             if inline:
                 self._busy = True
             else:
-                handle = self._enqueue(run, collective, name)
+                handle = self._enqueue(run, args, collective, name)
         if not inline:
             return handle.wait()
         try:
-            return run()
+            return run(*args)
         finally:
-            with self._lock:
+            with self._mutex:
                 self._busy = False
-                self._lock.notify_all()
+                if self._queue or self._closed:
+                    self._wakeup.notify()
 
-    def submit(self, run: Callable[[], Any], collective: str, name: str | None) -> Handle:
-        """Queue a collective for the worker thread and return its handle."""
-        with self._lock:
+    def submit(self, run: Callable[..., Any], args: tuple, collective: str,
+               name: str | None) -> Handle:
+        """Queue ``run(*args)`` for the worker thread and return its handle."""
+        with self._mutex:
             self._check_open()
-            return self._enqueue(run, collective, name)
+            return self._enqueue(run, args, collective, name)
 
     def close(self) -> None:
         """Finish everything queued, then stop the worker thread."""
-        with self._lock:
+        with self._mutex:
             self._closed = True
-            self._lock.notify_all()
+            self._wakeup.notify()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
-    def _enqueue(self, run: Callable[[], Any], collective: str, name: str | None) -> Handle:
-        handle = Handle(run, collective, name)
+    def _enqueue(self, run: Callable[..., Any], args: tuple, collective: str,
+                 name: str | None) -> Handle:
+        handle = Handle(run, args, collective, name)
         self._queue.append(handle)
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="ringtrain-collectives",
                                             daemon=True)
             self._thread.start()
-        self._lock.notify_all()
+        if not self._busy:
+            self._wakeup.notify()
         return handle
 
     def _work(self) -> None:
         while True:
-            with self._lock:
-                while not self._queue and not self._closed or self._busy:
-                    self._lock.wait()
+            with self._mutex:
+                while self._busy or (not self._queue and not self._closed):
+                    self._wakeup.wait()
                 if not self._queue:
                     return
                 handle = self._queue.popleft()
@@ -122,9 +132,10 @@ class Executor:
             try:
                 handle._execute()
             finally:
-                with self._lock:
+                with self._mutex:
                     self._busy = False
-                    self._lock.notify_all()
+                    if self._queue:
+                        self._wakeup.notify()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -40,6 +40,7 @@ class Group:
         world_ranks: for each rank of ``comm``, its rank in ringtrain's world, used in
             every message so users see the ranks they know.
         scratch: temporary buffers of this group.
+        state: per-group objects the algorithms keep between calls, by algorithm.
     """
 
     def __init__(self, comm: MPI.Comm, world_ranks: tuple[int, ...]):
@@ -48,6 +49,7 @@ class Group:
         self.size = comm.Get_size()
         self.world_ranks = world_ranks
         self.scratch = Scratch()
+        self.state: dict[str, object] = {}
 
     @property
     def world_rank(self) -> int:

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ._agreement import agree
+from ._agreement import Call, agree
 from ._allgather import gather_rows
 from ._broadcast import broadcast_bytes, root_in_group
 from ._calls import execute
@@ -31,7 +31,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     """
     group = resolve_group(process_set, "broadcast_object", name)
     root = root_in_group(group, root_rank, "broadcast_object", name)
-    call = {"collective": "broadcast_object", "name": name, "root_rank": int(root_rank)}
+    call = Call(collective="broadcast_object", name=name, root_rank=int(root_rank))
     settings = current_settings()
 
     def run() -> Any:
@@ -61,7 +61,7 @@ def allgather_object(obj: Any, name: str | None = None,
         process_set: the ranks taking part (default: all).
     """
     group = resolve_group(process_set, "allgather_object", name)
-    call = {"collective": "allgather_object", "name": name}
+    call = Call(collective="allgather_object", name=name)
 
     def run() -> list[Any]:
         agree(group, call)
@@ -81,5 +81,5 @@ def barrier(process_set: ProcessSet | None = None) -> None:
         process_set: the ranks taking part (default: all).
     """
     group = resolve_group(process_set, "barrier", None)
-    call = {"collective": "barrier", "name": None}
+    call = Call(collective="barrier", name=None)
     execute("barrier", None, lambda: agree(group, call))

@@ -38,7 +38,8 @@ def exchange(group: Group, message: np.ndarray, receive: np.ndarray,
         receive: uint8 buffer at least as large as any rank's message (ranks whose
             messages differ in length must still not overflow it).
         combine: ``combine(received)`` folds a partner's message (a view of
-            ``receive``, as long as ``message``) into ``message``.
+            ``receive``, as long as ``message``) into ``message``; it may ignore the
+            argument and read ``receive`` through views of its own.
     """
     comm, rank, size = group.comm, group.rank, group.size
     if size == 1:

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..kernels import REDUCTION_UFUNCS
 from . import _ring
-from ._agreement import agree
+from ._agreement import Call, agree
 from ._allreduce import check_reduction, finisher
 from ._calls import execute, flat, input_array
 from ._executor import Handle
@@ -66,9 +66,9 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
     group = resolve_group(process_set, "reducescatter", name)
     settings = current_settings()
     chosen = simple_algorithm("reducescatter", algorithm, settings, name)
-    call = {"collective": "reducescatter", "name": name, "op": op.name, "dtype": array.dtype,
-            "shape": array.shape, "algorithm": chosen,
-            "segment_bytes": settings.segment_bytes if chosen == "ring" else None}
+    call = Call(collective="reducescatter", name=name, op=op.name, dtype=array.dtype,
+            shape=array.shape, algorithm=chosen,
+            segment_bytes=settings.segment_bytes if chosen == "ring" else None)
     row = int(np.prod(array.shape[1:], dtype=np.int64))
     rows = _ring.chunk_bounds(array.shape[0], group.size)
     bounds = [r * row for r in rows]
