@@ -68,7 +68,8 @@ class _Buffers:
 
 
 def agree(group: Group, call: Call, payload: np.ndarray | None = None,
-          ufunc: np.ufunc | None = None, result: np.ndarray | None = None) -> None:
+          ufunc: np.ufunc | None = None, result: np.ndarray | None = None,
+          prescale_factor: float = 1.0) -> None:
     """Check that every rank of ``group`` made the same call; optionally allreduce a payload.
 
     Args:
@@ -77,14 +78,17 @@ def agree(group: Group, call: Call, payload: np.ndarray | None = None,
         payload: a 1-D contiguous array of at most ``PAYLOAD_CAPACITY`` bytes to reduce
             with ``ufunc`` over all ranks, or None.
         ufunc: the reduction for ``payload``.
-        result: where the reduced payload goes (may be ``payload``).
+        result: where the reduced payload goes (may be ``payload``); written only
+            when the check passes.
+        prescale_factor: multiplies the payload before the reduction (``payload``
+            itself is left as it is).
 
     Raises:
         MismatchError: on every rank, when any rank's ``call`` differs.
     """
     if group.size == 1:
-        if payload is not None and result is not payload:
-            result[:] = payload
+        if payload is not None:
+            np.multiply(payload, prescale_factor, out=result, casting="unsafe")
         return
     buffers = group.state.get("agreement")
     if buffers is None:
@@ -98,7 +102,10 @@ def agree(group: Group, call: Call, payload: np.ndarray | None = None,
     else:
         end = HEADER_BYTES + payload.nbytes
         data = buffers.message[HEADER_BYTES:end].view(payload.dtype)
-        data[:] = payload
+        if prescale_factor == 1.0:
+            data[:] = payload
+        else:
+            np.multiply(payload, prescale_factor, out=data)
         received = buffers.receive[HEADER_BYTES:end].view(payload.dtype)
 
         def combine(_: np.ndarray) -> None:
@@ -124,4 +131,5 @@ def _raise_mismatch(group: Group, call: Call) -> None:
                   for r, description in enumerate(everyone)}
         if len({repr(v) for v in values.values()}) > 1:
             differences[name] = values
-    raise MismatchError(call.fields["collective"], call.fields["name"], differences)
+    # Every rank names the call as the group's first rank made it: one message everywhere.
+    raise MismatchError(everyone[0].get("collective"), everyone[0].get("name"), differences)

@@ -210,16 +210,17 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
         result = output.reshape(-1)
 
     def run() -> np.ndarray:
-        start = source
-        if prescale_factor != 1.0:
-            np.multiply(source, prescale_factor, out=result)
-            start = result
         if plan.algorithm == "recursive_doubling" and array.nbytes <= PAYLOAD_CAPACITY:
-            agree(group, plan.call, payload=start, ufunc=plan.ufunc, result=result)
+            agree(group, plan.call, payload=source, ufunc=plan.ufunc, result=result,
+                  prescale_factor=prescale_factor)
             if finish is not None:
                 finish(result)
         else:
             agree(group, plan.call)
+            start = source
+            if prescale_factor != 1.0:
+                np.multiply(source, prescale_factor, out=result)
+                start = result
             reduce_flat(group, plan.algorithm, start, result, plan.op, finish,
                         plan.settings.segment_bytes)
         if copy_back:

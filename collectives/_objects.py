@@ -31,15 +31,15 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     """
     group = resolve_group(process_set, "broadcast_object", name)
     root = root_in_group(group, root_rank, "broadcast_object", name)
-    call = Call(collective="broadcast_object", name=name, root_rank=int(root_rank))
+    payload, pickling = _pickle(obj) if group.rank == root else (b"", "ok")
+    call = Call(collective="broadcast_object", name=name, root_rank=int(root_rank),
+                pickling=pickling)
     settings = current_settings()
 
     def run() -> Any:
         agree(group, call)
         if group.size == 1:
             return obj
-        payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if group.rank == root \
-            else b""
         length = np.array([len(payload)], np.int64)
         broadcast_bytes(group, length.view(np.uint8), root, "binomial", settings.segment_bytes)
         data = np.frombuffer(payload, np.uint8).copy() if group.rank == root \
@@ -61,17 +61,25 @@ def allgather_object(obj: Any, name: str | None = None,
         process_set: the ranks taking part (default: all).
     """
     group = resolve_group(process_set, "allgather_object", name)
-    call = Call(collective="allgather_object", name=name)
+    mine, pickling = _pickle(obj)
+    call = Call(collective="allgather_object", name=name, pickling=pickling)
 
     def run() -> list[Any]:
         agree(group, call)
-        mine = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         data, counts = gather_rows(group, np.frombuffer(mine, np.uint8), (), "ring")
         offsets = [0, *np.cumsum(counts).tolist()]
         return [pickle.loads(data[offsets[r]:offsets[r + 1]].tobytes())
                 for r in range(group.size)]
 
     return execute("allgather_object", name, run)
+
+
+def _pickle(obj: Any) -> tuple[bytes, str]:
+    """Pickle ``obj``; a failure becomes part of the call, so every rank raises, none hangs."""
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), "ok"
+    except Exception as error:  # whatever pickling raises, the other ranks must hear of it
+        return b"", f"failed ({type(error).__name__}: {error})"
 
 
 def barrier(process_set: ProcessSet | None = None) -> None:

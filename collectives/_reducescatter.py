@@ -72,7 +72,6 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
     row = int(np.prod(array.shape[1:], dtype=np.int64))
     rows = _ring.chunk_bounds(array.shape[0], group.size)
     bounds = [r * row for r in rows]
-    mine = slice(bounds[group.rank], bounds[group.rank + 1])
     finish = finisher(group.size if op is ReduceOp.Average else 1, postscale_factor)
     ufunc = REDUCTION_UFUNCS[op.value]
 
@@ -83,16 +82,15 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
                           array.dtype)
         if prescale_factor != 1.0:
             source = source * np.asarray(prescale_factor, array.dtype)
+        if chosen == "ring" and group.size > 1:
+            _ring.reduce_scatter(group, source, output.reshape(-1), bounds, ufunc, finish,
+                                 settings.segment_bytes)
+            return output
         if group.size == 1:
             output.reshape(-1)[:] = source
-        elif chosen == "native":
+        else:
             counts = [bounds[r + 1] - bounds[r] for r in range(group.size)]
             group.comm.Reduce_scatter(source, output.reshape(-1), counts, MPI_OPS[op])
-        else:
-            work = np.empty_like(source)
-            _ring.reduce_scatter(group, source, work, bounds, ufunc, None,
-                                 settings.segment_bytes)
-            output.reshape(-1)[:] = work[mine]
         if finish is not None:
             finish(output)
         return output

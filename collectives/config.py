@@ -51,11 +51,17 @@ class Settings:
     allgather_algorithm: str = "auto"
     reducescatter_algorithm: str = "auto"
     alltoall_algorithm: str = "auto"
-    recursive_doubling_max_bytes: int = 64 * 1024
+    recursive_doubling_max_bytes: int = 128 * 1024
     segment_bytes: int = 256 * 1024
     broadcast_pipeline_min_bytes: int = 512 * 1024
 
     def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            expected = int if field.type == "int" else str
+            if not isinstance(value, expected) or isinstance(value, bool):
+                raise InvalidArgumentError(
+                    f"{field.name} must be {expected.__name__}, got {value!r}")
         for collective, choices in ALGORITHMS.items():
             value = getattr(self, f"{collective}_algorithm")
             if value not in choices:

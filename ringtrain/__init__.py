@@ -1,17 +1,36 @@
 """ringtrain: data-parallel training over MPI.
 
-The public API: ``import ringtrain as rt; rt.init(); rt.allreduce(grad)``. Everything
-here is re-exported from the subpackages (``ringtrain.collectives`` for now).
+The public API: ``import ringtrain as rt; rt.init(); rt.allreduce(grad)``. Its names
+are those of ``ringtrain.collectives.__all__``, imported on first use, so importing
+``ringtrain`` (or ``ringtrain.launcher``) alone neither imports mpi4py nor starts MPI.
 """
 
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version as _version
-
-from .collectives import *  # noqa: F401,F403  (the facade re-exports the public API)
-from .collectives import __all__ as _collectives_all
+from typing import Any
 
 try:
     __version__ = _version("ringtrain")
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0+unknown"
 
-__all__ = ["__version__", *_collectives_all]
+_SUBPACKAGES = ("collectives", "kernels", "trainer", "launcher")
+
+
+def __getattr__(name: str) -> Any:
+    # Dunder probes and subpackages not yet imported must not pull in MPI: the import
+    # system asks for ``launcher`` here before it imports ringtrain.launcher.
+    if name in _SUBPACKAGES or (name.startswith("__") and name != "__all__"):
+        raise AttributeError(f"module 'ringtrain' has no attribute {name!r}")
+    collectives = import_module(".collectives", __name__)
+    if name == "__all__":
+        return ["__version__", *collectives.__all__]
+    if name in collectives.__all__:
+        value = getattr(collectives, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'ringtrain' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__getattr__("__all__")))

@@ -152,6 +152,9 @@ def main() -> None:
     if "--only" in sys.argv:
         only = sys.argv[sys.argv.index("--only") + 1]
     checks = [c for c in _CHECKS if only is None or only in c.name]
+    # faulthandler's stack dumps name threads by id: this line maps them to ranks
+    log(f"rank {WORLD.Get_rank()}: pid {os.getpid()}, main thread "
+        f"0x{threading.main_thread().ident:016x}")
     rt.init()
     program = os.path.basename(sys.argv[0])
     failed = _run_checks(checks)
@@ -241,7 +244,8 @@ def assert_reduced(actual: np.ndarray, expected: np.ndarray, dtype: np.dtype, wh
     dtype = np.dtype(dtype)
     assert isinstance(actual, np.ndarray), f"{what}: result is a {type(actual).__name__}"
     assert actual.dtype == dtype, f"{what}: dtype {actual.dtype}, expected {dtype}"
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape}, expected {expected.shape}"
+    assert actual.shape == expected.shape, \
+        f"{what}: shape {actual.shape}, expected {expected.shape}"
     if dtype.kind == "f":
         rtol, atol = TOLERANCE[dtype]
         if not np.allclose(actual.astype(np.float64), expected, rtol=rtol, atol=atol):
@@ -265,8 +269,10 @@ def assert_reduced(actual: np.ndarray, expected: np.ndarray, dtype: np.dtype, wh
 def assert_equal_arrays(actual: np.ndarray, expected: np.ndarray, what: str) -> None:
     """Same dtype, shape and bytes (for data that is only moved, never combined)."""
     assert isinstance(actual, np.ndarray), f"{what}: result is a {type(actual).__name__}"
-    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype}, expected {expected.dtype}"
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape}, expected {expected.shape}"
+    assert actual.dtype == expected.dtype, \
+        f"{what}: dtype {actual.dtype}, expected {expected.dtype}"
+    assert actual.shape == expected.shape, \
+        f"{what}: shape {actual.shape}, expected {expected.shape}"
     if not np.array_equal(actual, expected):
         bad = np.argwhere(actual != expected)
         where = tuple(bad[0]) if bad.size else ()
@@ -340,7 +346,7 @@ def expect_raises(exception: type[BaseException], function: Callable, *args,
                          f"{exception.__name__}")
 
 
-def noncontiguous_views(base_shape: tuple[int, ...], dtype, op, rank, key) -> list[np.ndarray]:
+def noncontiguous_views(dtype, op, rank: int, key: object) -> list[np.ndarray]:
     """Non-contiguous arrays (strided, transposed, sliced) filled with rank's input."""
     views = []
     a = make_input(rank, (26,), dtype, op, key, "strided")

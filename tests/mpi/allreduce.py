@@ -1,0 +1,397 @@
+"""allreduce in all its forms, checked against numpy on any number of ranks.
+
+Run: mpiexec -n K python tests/mpi/allreduce.py [--only SUBSTRING]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import ringtrain as rt
+from _harness import (FLOAT_DTYPES, OPS, REDUCE_DTYPES, Digests, all_inputs, assert_equal_arrays,
+                      assert_reduced, check, configured, expect_raises, main, make_input,
+                      noncontiguous_views, reduce_reference, rng)
+
+ALGORITHMS = ["ring", "recursive_doubling", "native", "auto"]
+OWN_ALGORITHMS = ["ring", "recursive_doubling", "auto"]  # ringtrain's own: bit-identical
+
+
+def shapes() -> list[tuple[int, ...]]:
+    """0-d, empty, one element, a prime, multi-dim, and a count not divisible by K."""
+    k = rt.size()
+    return [(0,), (), (1,), (13,), (3, 5, 7), (37 * k + 1,), (2, 0, 3)]
+
+
+def integer_average_refused(x: np.ndarray, algorithm: str, function=rt.allreduce) -> None:
+    error = expect_raises(rt.InvalidArgumentError, function, x, rt.Average, name="ints",
+                          algorithm=algorithm, match=["'ints'", "Average"])
+    assert isinstance(error, ValueError)
+
+
+def label(function: str, algorithm: str, op, dtype, shape, extra: str = "") -> str:
+    return (f"{function}(algorithm={algorithm}, op={op.name}, dtype={np.dtype(dtype).name}, "
+            f"shape={shape}{extra})")
+
+
+def out_of_place_matrix(algorithm: str) -> None:
+    k, me = rt.size(), rt.rank()
+    digests = Digests()
+    for dtype in REDUCE_DTYPES:
+        for op in OPS:
+            for shape in shapes():
+                x = make_input(me, shape, dtype, op, "oop")
+                if op is rt.Average and dtype.kind in "iu":
+                    integer_average_refused(x, algorithm)
+                    continue
+                before = x.copy()
+                what = label("allreduce", algorithm, op, dtype, shape)
+                y = rt.allreduce(x, op, name="t", algorithm=algorithm)
+                expected = reduce_reference(all_inputs(range(k), shape, dtype, op, "oop"), op)
+                assert_reduced(y, expected, dtype, what)
+                assert y is not x and not np.shares_memory(y, x), f"{what}: result aliases input"
+                assert_equal_arrays(x, before, f"{what}: input after the call")
+                if algorithm != "native":
+                    digests.add(what, y)
+    digests.verify()
+
+
+def in_place_matrix(algorithm: str) -> None:
+    k, me = rt.size(), rt.rank()
+    digests = Digests()
+    for dtype in REDUCE_DTYPES:
+        for op in OPS:
+            if op is rt.Average and dtype.kind in "iu":
+                integer_average_refused(make_input(me, (3,), dtype, op, "ip"), algorithm,
+                                        rt.allreduce_)
+                continue
+            for shape in [(), (0,), (13,), (3, 5, 7), (37 * k + 1,)]:
+                x = make_input(me, shape, dtype, op, "ip")
+                what = label("allreduce_", algorithm, op, dtype, shape)
+                returned = rt.allreduce_(x, op, name="t", algorithm=algorithm)
+                assert returned is x, f"{what}: did not return its argument"
+                expected = reduce_reference(all_inputs(range(k), shape, dtype, op, "ip"), op)
+                assert_reduced(x, expected, dtype, what)
+                if algorithm != "native":
+                    digests.add(what, x)
+    digests.verify()
+
+
+def noncontiguous_matrix(algorithm: str) -> None:
+    k, me = rt.size(), rt.rank()
+    for dtype in REDUCE_DTYPES:
+        for op in OPS:
+            if op is rt.Average and dtype.kind in "iu":
+                continue
+            references = [noncontiguous_views(dtype, op, r, "nc") for r in range(k)]
+            # out of place: the view is read, never written
+            for index, view in enumerate(noncontiguous_views(dtype, op, me, "nc")):
+                what = label("allreduce", algorithm, op, dtype, view.shape, " non-contiguous")
+                before = view.base.copy()
+                y = rt.allreduce(view, op, algorithm=algorithm)
+                expected = reduce_reference([refs[index] for refs in references], op)
+                assert_reduced(y, expected, dtype, what)
+                assert y.flags.c_contiguous or y.ndim == 0
+                assert_equal_arrays(view.base, before, f"{what}: input after the call")
+            # in place: the result lands in the view; the rest of the base is untouched
+            for index, view in enumerate(noncontiguous_views(dtype, op, me, "nc")):
+                what = label("allreduce_", algorithm, op, dtype, view.shape, " non-contiguous")
+                base = view.base
+                outside = np.ones(base.shape, bool)
+                outside[tuple(_view_index(index))] = False
+                untouched = base[outside].copy()
+                returned = rt.allreduce_(view, op, algorithm=algorithm)
+                assert returned is view, f"{what}: did not return its argument"
+                expected = reduce_reference([refs[index] for refs in references], op)
+                assert_reduced(view, expected, dtype, what)
+                assert_equal_arrays(base[outside], untouched, f"{what}: elements outside the view")
+            # asynchronous and in place: the result is written back when the handle completes
+            if dtype.kind == "f" or op is rt.Sum:
+                views = noncontiguous_views(dtype, op, me, "nc")
+                handles = [rt.allreduce_async_(v, op, algorithm=algorithm) for v in views]
+                for index, (view, handle) in enumerate(zip(views, handles)):
+                    what = label("allreduce_async_", algorithm, op, dtype, view.shape,
+                                 " non-contiguous")
+                    assert rt.synchronize(handle) is view, f"{what}: did not return its argument"
+                    expected = reduce_reference([refs[index] for refs in references], op)
+                    assert_reduced(view, expected, dtype, what)
+
+
+def _view_index(index: int):
+    """The index expression of view ``index`` of noncontiguous_views, into its base."""
+    return [(slice(None, None, 2),), (slice(None), slice(None)), (slice(1, None),
+                                                                   slice(None, None, 2))][index]
+
+
+def async_matrix(algorithm: str) -> None:
+    k, me = rt.size(), rt.rank()
+    digests = Digests()
+    pending = []
+    for dtype in REDUCE_DTYPES:
+        for op in OPS:
+            if op is rt.Average and dtype.kind in "iu":
+                continue
+            shape = (3, 5) if dtype.kind == "f" else (13,)
+            a = make_input(me, shape, dtype, op, "async", "a")
+            b = make_input(me, shape, dtype, op, "async", "b")
+            ha = rt.allreduce_async(a, op, name=f"a.{dtype}.{op.name}", algorithm=algorithm)
+            hb = rt.allreduce_async_(b, op, name=f"b.{dtype}.{op.name}", algorithm=algorithm)
+            pending.append((dtype, op, shape, a.copy(), ha, b, hb))
+    for dtype, op, shape, a_before, ha, b, hb in pending:
+        what = label("allreduce_async", algorithm, op, dtype, shape)
+        ea = reduce_reference(all_inputs(range(k), shape, dtype, op, "async", "a"), op)
+        eb = reduce_reference(all_inputs(range(k), shape, dtype, op, "async", "b"), op)
+        ya = rt.synchronize(ha)
+        assert_reduced(ya, ea, dtype, what)
+        assert rt.poll(ha)
+        yb = rt.synchronize(hb)
+        assert yb is b, f"{what}: allreduce_async_ did not return its argument"
+        assert_reduced(b, eb, dtype, what + " in place")
+        if algorithm != "native":
+            digests.add(what, ya)
+            digests.add(what + "_", yb)
+    digests.verify()
+
+
+def grouped_matrix(algorithm: str) -> None:
+    k, me = rt.size(), rt.rank()
+    digests = Digests()
+    shape_cycle = [(13,), (), (3, 5, 7), (0,), (37 * k + 1,), (2, 3), (1,)]
+    for op in OPS:
+        dtypes = FLOAT_DTYPES if op is rt.Average else REDUCE_DTYPES
+        specs = [(dtype, shape_cycle[i % len(shape_cycle)]) for i, dtype in enumerate(dtypes)]
+        # a second tensor of the first dtype, so one dtype fuses several arrays
+        specs.append((dtypes[0], (4, 2)))
+        specs.append((dtypes[-1], (5,)))
+
+        def inputs(rank, tag):
+            return [make_input(rank, shape, dtype, op, "grouped", tag, i)
+                    for i, (dtype, shape) in enumerate(specs)]
+
+        expected = [reduce_reference(list(column), op)
+                    for column in zip(*[inputs(r, "g") for r in range(k)])]
+        for form in ("grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+                     "grouped_allreduce_async_"):
+            tensors = inputs(me, "g")
+            befores = [t.copy() for t in tensors]
+            result = getattr(rt, form)(tensors, op, name="group", algorithm=algorithm)
+            if "async" in form:
+                result = rt.synchronize(result)
+            assert isinstance(result, list) and len(result) == len(tensors), form
+            for i, ((dtype, shape), got, want) in enumerate(zip(specs, result, expected)):
+                what = label(form, algorithm, op, dtype, shape, f" tensor {i}")
+                assert_reduced(got, want, dtype, what)
+                if form.endswith("_"):
+                    assert got is tensors[i], f"{what}: in-place form returned a new array"
+                else:
+                    assert not np.shares_memory(got, tensors[i])
+                    assert_equal_arrays(tensors[i], befores[i], f"{what}: input after the call")
+                if algorithm != "native":
+                    digests.add(what, got)
+        # a group with a non-contiguous member, in place
+        base = make_input(me, (26,), np.float64 if op is not rt.Average else np.float32, op,
+                          "grouped-nc")
+        view = base[::2]
+        other = make_input(me, (7,), np.float64, op, "grouped-nc2")
+        rt.grouped_allreduce_([view, other], op, algorithm=algorithm)
+        exp_view = reduce_reference([make_input(r, (26,), base.dtype, op, "grouped-nc")[::2]
+                                     for r in range(k)], op)
+        exp_other = reduce_reference(all_inputs(range(k), (7,), np.float64, op, "grouped-nc2"),
+                                     op)
+        assert_reduced(view, exp_view, base.dtype, f"grouped_allreduce_ non-contiguous {op.name}")
+        assert_reduced(other, exp_other, np.float64, f"grouped_allreduce_ {op.name}")
+    assert rt.grouped_allreduce([], rt.Sum, algorithm=algorithm) == []
+    digests.verify()
+
+
+def scaled_matrix(algorithm: str) -> None:
+    k, me = rt.size(), rt.rank()
+    digests = Digests()
+    for dtype in FLOAT_DTYPES:
+        for op in OPS:
+            for prescale, postscale in [(0.5, 3.0), (2.0, 1.0), (1.0, 0.25)]:
+                for shape in [(13,), (), (37 * k + 1,)]:
+                    key = ("scaled", prescale, postscale)
+                    expected = reduce_reference(all_inputs(range(k), shape, dtype, op, *key), op,
+                                                prescale, postscale)
+                    x = make_input(me, shape, dtype, op, *key)
+                    before = x.copy()
+                    what = label("allreduce", algorithm, op, dtype, shape,
+                                 f", prescale={prescale}, postscale={postscale}")
+                    y = rt.allreduce(x, op, prescale_factor=prescale, postscale_factor=postscale,
+                                     algorithm=algorithm)
+                    assert_reduced(y, expected, dtype, what)
+                    assert_equal_arrays(x, before, f"{what}: input after the call")
+                    rt.allreduce_(x, op, prescale_factor=prescale, postscale_factor=postscale,
+                                  algorithm=algorithm)
+                    assert_reduced(x, expected, dtype, what + " in place")
+                    if algorithm != "native":
+                        digests.add(what, y)
+                        digests.add(what + " in place", x)
+    # grouped, with scales
+    tensors = [make_input(me, (11,), d, rt.Sum, "gscaled") for d in FLOAT_DTYPES]
+    result = rt.grouped_allreduce(tensors, rt.Average, prescale_factor=0.5, postscale_factor=4.0,
+                                  algorithm=algorithm)
+    for d, got in zip(FLOAT_DTYPES, result):
+        want = reduce_reference(all_inputs(range(k), (11,), d, rt.Sum, "gscaled"), rt.Average,
+                                0.5, 4.0)
+        assert_reduced(got, want, d, f"grouped_allreduce scaled {d}")
+    # scale factors on integers are refused before any communication
+    for dtype in (np.int32, np.uint8):
+        expect_raises(rt.InvalidArgumentError, rt.allreduce, np.ones(3, dtype), rt.Sum,
+                      name="iscale", prescale_factor=2.0, algorithm=algorithm, match=["'iscale'"])
+        expect_raises(rt.InvalidArgumentError, rt.allreduce_, np.ones(3, dtype), rt.Sum,
+                      name="iscale", postscale_factor=0.5, algorithm=algorithm,
+                      match=["'iscale'"])
+    digests.verify()
+
+
+for _algorithm in ALGORITHMS:
+    check(name=f"allreduce out of place, every op x dtype x shape, algorithm={_algorithm}")(
+        lambda a=_algorithm: out_of_place_matrix(a))
+    check(name=f"allreduce_ in place, every op x dtype, algorithm={_algorithm}")(
+        lambda a=_algorithm: in_place_matrix(a))
+    check(name=f"allreduce non-contiguous inputs, both modes, algorithm={_algorithm}")(
+        lambda a=_algorithm: noncontiguous_matrix(a))
+    check(name=f"allreduce_async / allreduce_async_, algorithm={_algorithm}")(
+        lambda a=_algorithm: async_matrix(a))
+    check(name=f"grouped_allreduce (all four forms, mixed dtypes), algorithm={_algorithm}")(
+        lambda a=_algorithm: grouped_matrix(a))
+    check(name=f"allreduce prescale/postscale, algorithm={_algorithm}")(
+        lambda a=_algorithm: scaled_matrix(a))
+
+
+@check
+def op_names_and_default_op():
+    k, me = rt.size(), rt.rank()
+    for text, op in [("sum", rt.Sum), ("Average", rt.Average), ("MIN", rt.Min), ("max", rt.Max),
+                     ("product", rt.Product)]:
+        x = make_input(me, (6,), np.float64, op, "names")
+        y = rt.allreduce(x, text)
+        expected = reduce_reference(all_inputs(range(k), (6,), np.float64, op, "names"), op)
+        assert_reduced(y, expected, np.float64, f"allreduce(op={text!r})")
+    x = make_input(me, (9,), np.float32, rt.Average, "default")
+    y = rt.allreduce(x)  # Average is the default
+    expected = reduce_reference(all_inputs(range(k), (9,), np.float32, rt.Average, "default"),
+                                rt.Average)
+    assert_reduced(y, expected, np.float32, "allreduce default op")
+    y = rt.allreduce([1.0, 2.0, float(me)], rt.Sum)  # array-likes are accepted
+    assert_reduced(y, np.array([k, 2.0 * k, k * (k - 1) / 2]), np.float64, "allreduce(list)")
+
+
+@check
+def one_million_float32_elements():
+    """The ring over a ~1M-element array (several segments per chunk), a few calls only."""
+    k, me = rt.size(), rt.rank()
+    n = (1 << 20) + 3
+    inputs = [make_input(r, (n,), np.float32, rt.Sum, "big") for r in range(k)]
+    x = inputs[me]
+    reference = reduce_reference(inputs, rt.Sum)
+    digests = Digests()
+    y = rt.allreduce(x, rt.Sum, algorithm="ring")
+    assert_reduced(y, reference, np.float32, "allreduce 1M ring Sum")
+    digests.add("ring Sum", y)
+    native = rt.allreduce(x, rt.Sum, algorithm="native")
+    assert np.allclose(y, native, rtol=2e-5, atol=1e-5), "ring and native differ on 1M elements"
+    z = x.copy()
+    rt.allreduce_(z, rt.Average, algorithm="auto")
+    assert_reduced(z, reference / k, np.float32, "allreduce_ 1M auto Average")
+    digests.add("auto Average in place", z)
+    if k <= 2:
+        for op in (rt.Max, rt.Product):
+            y = rt.allreduce(make_input(me, (n,), np.float32, op, "big"), op, algorithm="ring")
+            expected = reduce_reference([make_input(r, (n,), np.float32, op, "big")
+                                         for r in range(k)], op)
+            assert_reduced(y, expected, np.float32, f"allreduce 1M ring {op.name}")
+            digests.add(op.name, y)
+    digests.verify()
+
+
+@check
+def recursive_doubling_in_segments():
+    """Arrays far beyond the small-message path take the segmented recursive doubling."""
+    k, me = rt.size(), rt.rank()
+    digests = Digests()
+    for n, segment in [((1 << 18) + 3, None), (300_001, 64 * 1024)]:
+        settings = {} if segment is None else {"segment_bytes": segment}
+        with configured(**settings):
+            for op in (rt.Sum, rt.Average, rt.Max):
+                inputs = [make_input(r, (n,), np.float32, op, "rdbig") for r in range(k)]
+                what = f"allreduce recursive_doubling n={n} segment={segment} op={op.name}"
+                y = rt.allreduce(inputs[me], op, algorithm="recursive_doubling")
+                assert_reduced(y, reduce_reference(inputs, op), np.float32, what)
+                digests.add(what, y)
+                if op is rt.Sum:
+                    x = inputs[me].copy()
+                    rt.allreduce_(x, op, algorithm="recursive_doubling")
+                    assert_reduced(x, reduce_reference(inputs, op), np.float32,
+                                   what + " in place")
+                    digests.add(what + " in place", x)
+    digests.verify()
+
+
+@check
+def ring_with_tiny_segments():
+    """segment_bytes=64: many segments per chunk, chunks with different segment counts."""
+    k, me = rt.size(), rt.rank()
+    digests = Digests()
+    with configured(segment_bytes=64):
+        for dtype in (np.float64, np.float16, np.int32, np.uint8):
+            per_segment = 64 // np.dtype(dtype).itemsize
+            for n in [per_segment * k + 1, 3 * per_segment * k - 1, k - 1, 1]:
+                for op in OPS:
+                    if op is rt.Average and np.dtype(dtype).kind in "iu":
+                        continue
+                    inputs = all_inputs(range(k), (n,), dtype, op, "tiny")
+                    expected = reduce_reference(inputs, op)
+                    what = label("allreduce", "ring", op, dtype, (n,), ", segment_bytes=64")
+                    y = rt.allreduce(inputs[me], op, algorithm="ring")
+                    assert_reduced(y, expected, dtype, what)
+                    digests.add(what, y)
+                    x = inputs[me].copy()
+                    rt.allreduce_(x, op, algorithm="ring", postscale_factor=1.0)
+                    assert_reduced(x, expected, dtype, what + " in place")
+                    digests.add(what + " in place", x)
+    digests.verify()
+
+
+@check
+def bit_identical_on_every_rank():
+    """Random float data with a wide range, where the order of additions changes the bits."""
+    k, me = rt.size(), rt.rank()
+    digests = Digests()
+    for dtype in FLOAT_DTYPES:
+        for n in [13, 1000 * k + 3, 3 * 5 * 7]:
+            g = rng(me, "bits", n, np.dtype(dtype).str)
+            x = (g.standard_normal(n) * np.exp(g.uniform(-6, 6, n))).astype(dtype)
+            if dtype == np.float16:
+                x = np.clip(x, -1000, 1000).astype(dtype)
+            for algorithm in OWN_ALGORITHMS:
+                for op in (rt.Sum, rt.Average, rt.Product):
+                    data = x if op is not rt.Product else (1 + x / 1e4).astype(dtype)
+                    y = rt.allreduce(data, op, algorithm=algorithm)
+                    digests.add(f"{algorithm} {op.name} {np.dtype(dtype).name} n={n}", y)
+                    z = data.copy()
+                    rt.allreduce_(z, op, algorithm=algorithm)
+                    digests.add(f"{algorithm} {op.name} {np.dtype(dtype).name} n={n} in place", z)
+    digests.verify()
+
+
+@check
+def every_algorithm_agrees_with_native():
+    k, me = rt.size(), rt.rank()
+    for dtype in REDUCE_DTYPES:
+        for op in OPS:
+            if op is rt.Average and dtype.kind in "iu":
+                continue
+            for shape in [(13,), (37 * k + 1,), (2, 3, 4)]:
+                x = make_input(me, shape, dtype, op, "diff")
+                native = rt.allreduce(x, op, algorithm="native")
+                for algorithm in OWN_ALGORITHMS:
+                    y = rt.allreduce(x, op, algorithm=algorithm)
+                    what = label("allreduce", algorithm, op, dtype, shape, " vs native")
+                    assert_reduced(y, native.astype(np.float64 if dtype.kind == "f"
+                                                    else np.int64), dtype, what)
+
+
+if __name__ == "__main__":
+    main()

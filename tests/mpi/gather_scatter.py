@@ -1,0 +1,253 @@
+"""allgather, reducescatter and alltoall, checked against numpy on any number of ranks.
+
+Run: mpiexec -n K python tests/mpi/gather_scatter.py [--only SUBSTRING]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import ringtrain as rt
+from _harness import (COPY_DTYPES, OPS, REDUCE_DTYPES, WORLD, assert_equal_arrays,
+                      assert_reduced, check, configured, expect_raises, main, make_input,
+                      reduce_reference)
+
+# --------------------------------------------------------------------------- allgather
+
+GATHER_ALGORITHMS = ["ring", "native", "auto"]
+
+
+def gather_rows(rank: int) -> int:
+    """Rows each rank contributes: 0 on rank 0, then varying (1, 2, 0, 1, ...)."""
+    return rank % 3
+
+
+def allgather_matrix(algorithm: str) -> None:
+    k, me = rt.size(), rt.rank()
+    for dtype in COPY_DTYPES:
+        for trailing in [(), (2, 3), (4,), (0,)]:
+            for rows_of in (gather_rows, lambda r: 0, lambda r: 2 * r + 1):
+                inputs = [make_input(r, (rows_of(r), *trailing), dtype, None, "ag")
+                          for r in range(k)]
+                x = inputs[me]
+                before = x.copy()
+                what = (f"allgather(algorithm={algorithm}, dtype={dtype.name}, rows="
+                        f"{[rows_of(r) for r in range(k)]}, trailing={trailing})")
+                y = rt.allgather(x, name="g", algorithm=algorithm)
+                assert_equal_arrays(y, np.concatenate(inputs, axis=0), what)
+                assert not np.shares_memory(y, x)
+                assert_equal_arrays(x, before, f"{what}: input after the call")
+
+
+def allgather_special(algorithm: str) -> None:
+    k, me = rt.size(), rt.rank()
+    for dtype in COPY_DTYPES:
+        # 0-d: one row per rank
+        scalars = [make_input(r, (), dtype, None, "ag0") for r in range(k)]
+        y = rt.allgather(scalars[me], algorithm=algorithm)
+        assert_equal_arrays(y, np.stack(scalars), f"allgather of 0-d {dtype.name}")
+    # 0-d on some ranks, one-row 1-D arrays on others: both are one row
+    x = np.array(float(me)) if me % 2 == 0 else np.array([float(me)])
+    assert_equal_arrays(rt.allgather(x, algorithm=algorithm), np.arange(k, dtype=np.float64),
+                        "allgather of 0-d mixed with shape (1,)")
+    # non-contiguous input
+    base = make_input(me, (7, 6), np.float32, None, "agnc")
+    views = [make_input(r, (7, 6), np.float32, None, "agnc")[r % 2::2, ::2] for r in range(k)]
+    y = rt.allgather(base[me % 2::2, ::2], algorithm=algorithm)
+    assert_equal_arrays(y, np.concatenate(views), "allgather non-contiguous")
+    # asynchronous, several in flight
+    handles = [rt.allgather_async(np.full((me + 1, 2), me * 10 + i, np.int64), name=f"a{i}",
+                                  algorithm=algorithm) for i in range(4)]
+    for i, handle in reversed(list(enumerate(handles))):
+        expected = np.concatenate([np.full((r + 1, 2), r * 10 + i, np.int64) for r in range(k)])
+        assert_equal_arrays(rt.synchronize(handle), expected, f"allgather_async #{i}")
+    # array-likes
+    assert_equal_arrays(rt.allgather([me, me], algorithm=algorithm),
+                        np.repeat(np.arange(k, dtype=np.asarray([0]).dtype), 2),
+                        "allgather(list)")
+
+
+for _algorithm in GATHER_ALGORITHMS:
+    check(name=f"allgather every dtype, uneven and empty rows, algorithm={_algorithm}")(
+        lambda a=_algorithm: allgather_matrix(a))
+    check(name=f"allgather 0-d, non-contiguous, async, algorithm={_algorithm}")(
+        lambda a=_algorithm: allgather_special(a))
+
+# --------------------------------------------------------------------------- reducescatter
+
+SCATTER_ALGORITHMS = ["ring", "native", "auto"]
+
+
+def scatter_shapes() -> list[tuple[int, ...]]:
+    k = rt.size()
+    return [(3 * k + 1,), (k - 1,), (2 * k,), (1,), (0,), (2 * k + 1, 3), (k + 2, 2, 2)]
+
+
+def reducescatter_matrix(algorithm: str) -> None:
+    k, me = rt.size(), rt.rank()
+    for dtype in REDUCE_DTYPES:
+        for op in OPS:
+            for shape in scatter_shapes():
+                x = make_input(me, shape, dtype, op, "rs")
+                what = (f"reducescatter(algorithm={algorithm}, op={op.name}, dtype={dtype.name}, "
+                        f"shape={shape})")
+                if op is rt.Average and dtype.kind in "iu":
+                    expect_raises(rt.InvalidArgumentError, rt.reducescatter, x, op, name="rs",
+                                  algorithm=algorithm, match=["'rs'", "Average"])
+                    continue
+                before = x.copy()
+                y = rt.reducescatter(x, op, name="rs", algorithm=algorithm)
+                full = reduce_reference([make_input(r, shape, dtype, op, "rs") for r in range(k)],
+                                        op)
+                pieces = np.array_split(full, k, axis=0)
+                assert_reduced(y, pieces[me], dtype, what)
+                assert_equal_arrays(x, before, f"{what}: input after the call")
+                # the split across ranks is numpy.array_split's
+                rows = WORLD.allgather(y.shape[0])
+                assert rows == [p.shape[0] for p in pieces], \
+                    f"{what}: rows per rank {rows}, numpy.array_split gives " \
+                    f"{[p.shape[0] for p in pieces]}"
+
+
+def reducescatter_special(algorithm: str) -> None:
+    k, me = rt.size(), rt.rank()
+    # prescale / postscale on floats
+    for dtype in (np.float16, np.float32, np.float64):
+        for op in (rt.Average, rt.Sum, rt.Max):
+            for pre, post in [(0.5, 3.0), (2.0, 1.0), (1.0, 0.25)]:
+                shape = (2 * k + 1, 2)
+                inputs = [make_input(r, shape, dtype, op, "rss", pre) for r in range(k)]
+                y = rt.reducescatter(inputs[me], op, prescale_factor=pre, postscale_factor=post,
+                                     algorithm=algorithm)
+                full = reduce_reference(inputs, op, pre, post)
+                assert_reduced(y, np.array_split(full, k)[me], np.dtype(dtype),
+                               f"reducescatter {np.dtype(dtype).name} {op.name} pre={pre} "
+                               f"post={post}")
+    # non-contiguous input
+    views = [make_input(r, (4 * k + 3, 5), np.float64, rt.Sum, "rsnc")[::2, 1:4]
+             for r in range(k)]
+    y = rt.reducescatter(views[me], rt.Sum, algorithm=algorithm)
+    assert_reduced(y, np.array_split(reduce_reference(views, rt.Sum), k)[me], np.float64,
+                   "reducescatter non-contiguous")
+    # asynchronous, several in flight
+    handles = []
+    for i, dtype in enumerate(REDUCE_DTYPES):
+        x = make_input(me, (k + i,), dtype, rt.Sum, "rsa")
+        handles.append((dtype, i, rt.reducescatter_async(x, rt.Sum, name=f"rsa{i}",
+                                                         algorithm=algorithm)))
+    for dtype, i, handle in reversed(handles):
+        full = reduce_reference([make_input(r, (k + i,), dtype, rt.Sum, "rsa") for r in range(k)],
+                                rt.Sum)
+        assert_reduced(rt.synchronize(handle), np.array_split(full, k)[me], dtype,
+                       f"reducescatter_async {dtype.name}")
+    # tiny segments: many ring messages per chunk
+    with configured(segment_bytes=64):
+        for n in (8 * k + 1, 50 * k - 3):
+            inputs = [make_input(r, (n,), np.float64, rt.Average, "rsseg") for r in range(k)]
+            y = rt.reducescatter(inputs[me], rt.Average, algorithm=algorithm)
+            assert_reduced(y, np.array_split(reduce_reference(inputs, rt.Average), k)[me],
+                           np.float64, f"reducescatter segment_bytes=64 n={n}")
+
+
+for _algorithm in SCATTER_ALGORITHMS:
+    check(name=f"reducescatter every op x dtype x shape, algorithm={_algorithm}")(
+        lambda a=_algorithm: reducescatter_matrix(a))
+    check(name=f"reducescatter scaled, non-contiguous, async, segmented, algorithm={_algorithm}")(
+        lambda a=_algorithm: reducescatter_special(a))
+
+# --------------------------------------------------------------------------- alltoall
+
+ALLTOALL_ALGORITHMS = ["pairwise", "native", "auto"]
+
+
+def uneven_splits(rank: int, k: int) -> list[int]:
+    """Rows rank sends to each rank: includes zeros (and all-zero rows for some ranks)."""
+    return [(rank + 2 * j) % 3 for j in range(k)]
+
+
+def default_splits(rows: int, k: int) -> list[int]:
+    return [len(p) for p in np.array_split(np.arange(rows), k)]
+
+
+def alltoall_expected(inputs, splits_of, me):
+    """Rows every rank sends to ``me``, concatenated in rank order, and their counts."""
+    blocks, counts = [], []
+    for r, x in enumerate(inputs):
+        splits = splits_of(r)
+        start = sum(splits[:me])
+        blocks.append(x[start:start + splits[me]])
+        counts.append(splits[me])
+    return np.concatenate(blocks, axis=0), np.array(counts, np.int64)
+
+
+def alltoall_matrix(algorithm: str) -> None:
+    k, me = rt.size(), rt.rank()
+    for dtype in COPY_DTYPES:
+        for trailing in [(), (2,), (3, 2)]:
+            cases = [
+                ("default, even", lambda r: 2 * k, None),
+                ("default, uneven", lambda r: 2 * k + 1 + r, None),
+                ("explicit with zeros", lambda r: sum(uneven_splits(r, k)), uneven_splits),
+                ("nothing to send", lambda r: 0, lambda r, kk: [0] * kk),
+            ]
+            for title, rows_of, splits_fn in cases:
+                inputs = [make_input(r, (rows_of(r), *trailing), dtype, None, "a2a", title)
+                          for r in range(k)]
+
+                def splits_of(r, splits_fn=splits_fn, rows_of=rows_of):
+                    return (splits_fn(r, k) if splits_fn is not None
+                            else default_splits(rows_of(r), k))
+
+                what = (f"alltoall(algorithm={algorithm}, dtype={dtype.name}, trailing="
+                        f"{trailing}, {title})")
+                x = inputs[me]
+                before = x.copy()
+                splits = None if splits_fn is None else splits_fn(me, k)
+                received, received_splits = rt.alltoall(x, splits, name="a2a",
+                                                        algorithm=algorithm)
+                expected, expected_splits = alltoall_expected(inputs, splits_of, me)
+                assert_equal_arrays(received, expected, what)
+                assert_equal_arrays(received_splits, expected_splits, what + " received_splits")
+                assert_equal_arrays(x, before, f"{what}: input after the call")
+
+
+def alltoall_special(algorithm: str) -> None:
+    k, me = rt.size(), rt.rank()
+    # splits as a tuple, an int32 array and an int64 array
+    x = np.arange(sum(uneven_splits(me, k)) * 2, dtype=np.float32).reshape(-1, 2) + 100 * me
+    inputs = [np.arange(sum(uneven_splits(r, k)) * 2, dtype=np.float32).reshape(-1, 2) + 100 * r
+              for r in range(k)]
+    expected, expected_splits = alltoall_expected(inputs, lambda r: uneven_splits(r, k), me)
+    for splits in (tuple(uneven_splits(me, k)), np.array(uneven_splits(me, k), np.int32),
+                   np.array(uneven_splits(me, k), np.int64)):
+        received, received_splits = rt.alltoall(x, splits, algorithm=algorithm)
+        assert_equal_arrays(received, expected, f"alltoall splits as {type(splits).__name__}")
+        assert_equal_arrays(received_splits, expected_splits, "received_splits")
+    # non-contiguous input
+    base = make_input(me, (4 * k, 6), np.int32, None, "a2anc")
+    views = [make_input(r, (4 * k, 6), np.int32, None, "a2anc")[::2, ::3] for r in range(k)]
+    received, _ = rt.alltoall(base[::2, ::3], algorithm=algorithm)
+    expected, _ = alltoall_expected(views, lambda r: default_splits(2 * k, k), me)
+    assert_equal_arrays(received, expected, "alltoall non-contiguous")
+    # asynchronous, several in flight
+    handles = []
+    for i in range(3):
+        rows = k * (i + 1)
+        x = np.full((rows, 2), 10 * me + i, np.int64)
+        handles.append((i, rt.alltoall_async(x, name=f"a2a{i}", algorithm=algorithm)))
+    for i, handle in reversed(handles):
+        received, received_splits = rt.synchronize(handle)
+        expected = np.concatenate([np.full((i + 1, 2), 10 * r + i, np.int64) for r in range(k)])
+        assert_equal_arrays(received, expected, f"alltoall_async #{i}")
+        assert_equal_arrays(received_splits, np.full(k, i + 1, np.int64), "received_splits")
+
+
+for _algorithm in ALLTOALL_ALGORITHMS:
+    check(name=f"alltoall every dtype, default and uneven splits, algorithm={_algorithm}")(
+        lambda a=_algorithm: alltoall_matrix(a))
+    check(name=f"alltoall splits types, non-contiguous, async, algorithm={_algorithm}")(
+        lambda a=_algorithm: alltoall_special(a))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Run every multi-rank program under tests/mpi/ with 1, 2, 3 and 4 ranks.
+
+Each program runs many checks (see tests/mpi/_harness.py); a failure shows which checks
+failed on which ranks, with tracebacks, and a hang shows the stacks of the ranks.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import pytest
+
+from mpi_launch import PROGRAMS as PROGRAM_DIR, run_mpi
+
+PROGRAMS = ["allreduce", "broadcast", "gather_scatter", "mismatch", "process_sets", "lifecycle"]
+NPROCS = [1, 2, 3, 4]
+TIMEOUT = 180
+
+
+
+def _settings_environment() -> dict[str, str]:
+    """The ENVIRONMENT that tests/mpi/settings_env.py expects (read, not imported)."""
+    tree = ast.parse((PROGRAM_DIR / "settings_env.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "ENVIRONMENT":
+            return ast.literal_eval(node.value)
+    raise AssertionError("settings_env.py defines no ENVIRONMENT")
+
+
+def _assert_all_passed(output: str, program: str, nprocs: int) -> None:
+    summary = re.search(rf"{program}\.py np={nprocs}: all (\d+) checks passed", output)
+    assert summary, f"no summary line in the output of {program}.py np={nprocs}:\n{output}"
+    assert int(summary.group(1)) > 0
+
+
+@pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_program(program, nprocs):
+    output = run_mpi(program, nprocs, timeout=TIMEOUT)
+    _assert_all_passed(output, program, nprocs)
+
+
+@pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
+def test_settings_from_the_environment(nprocs):
+    output = run_mpi("settings_env", nprocs, timeout=TIMEOUT, env=_settings_environment())
+    _assert_all_passed(output, "settings_env", nprocs)

@@ -1,0 +1,76 @@
+"""The package layout: one import package ``ringtrain`` with its subpackages, and none of
+the source folders importable under its own top-level name."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ringtrain
+
+ROOT = Path(__file__).resolve().parent.parent
+SUBPACKAGES = ["collectives", "kernels", "trainer", "launcher"]
+
+
+@pytest.mark.parametrize("name", SUBPACKAGES)
+def test_subpackages_import(name):
+    module = importlib.import_module(f"ringtrain.{name}")
+    assert module.__name__ == f"ringtrain.{name}"
+    assert Path(module.__file__).resolve().parent == ROOT / name
+
+
+def test_public_api_is_complete():
+    for name in ringtrain.__all__:
+        assert hasattr(ringtrain, name), name
+    for name in ["init", "shutdown", "allreduce", "allreduce_", "allreduce_async",
+                 "allreduce_async_", "grouped_allreduce", "broadcast", "broadcast_",
+                 "allgather", "reducescatter", "alltoall", "barrier", "broadcast_object",
+                 "allgather_object", "synchronize", "poll", "ProcessSet", "add_process_set",
+                 "remove_process_set", "global_process_set", "configure", "current_settings",
+                 "MismatchError", "Average", "Sum", "Min", "Max", "Product", "ReduceOp"]:
+        assert name in ringtrain.__all__, name
+    assert isinstance(ringtrain.__version__, str) and ringtrain.__version__
+
+
+def test_reduce_op_names():
+    ops = ringtrain.ReduceOp
+    assert [ringtrain.Average, ringtrain.Sum, ringtrain.Min, ringtrain.Max, ringtrain.Product] \
+        == [ops.Average, ops.Sum, ops.Min, ops.Max, ops.Product]
+    assert repr(ringtrain.Sum) == "ringtrain.Sum"
+
+
+def test_no_top_level_modules_from_the_source_folders(tmp_path):
+    """Run from an empty directory, so the repository root is not on sys.path: only the
+    installed distribution decides what is importable."""
+    probe = (
+        "import importlib.util, json, sys\n"
+        "names = %r\n"
+        "found = {n: importlib.util.find_spec(n) is not None for n in names}\n"
+        "import ringtrain.collectives, ringtrain.kernels, ringtrain.trainer, ringtrain.launcher\n"
+        "found['ringtrain.path'] = ringtrain.__path__[0]\n"
+        "print(json.dumps(found))\n"
+    ) % (SUBPACKAGES + [f"ringtrain.{name}" for name in SUBPACKAGES],)
+    result = subprocess.run([sys.executable, "-I", "-c", probe], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    for name in SUBPACKAGES:
+        assert found[name] is False, f"a top-level module {name!r} is importable"
+        assert found[f"ringtrain.{name}"] is True, f"ringtrain.{name} is not importable"
+    assert Path(found["ringtrain.path"]).resolve() == ROOT / "ringtrain"
+
+
+def test_importing_ringtrain_or_its_launcher_does_not_start_mpi(tmp_path):
+    """``ringtrain.launcher`` must start without mpi4py (importing mpi4py.MPI starts MPI)."""
+    probe = ("import sys, ringtrain, ringtrain.launcher\n"
+             "from ringtrain import launcher\n"
+             "print(sorted(m for m in sys.modules if m.startswith('mpi4py')))\n")
+    result = subprocess.run([sys.executable, "-I", "-c", probe], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout

@@ -1,0 +1,212 @@
+"""Single-process units: ring chunking, the executor, the reduction kernels."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from ringtrain.collectives import _ring
+from ringtrain.collectives._executor import Executor, Handle
+from ringtrain.collectives.errors import RingtrainError
+from ringtrain.kernels import REDUCTION_UFUNCS, reduce_into, scale_into
+
+# --------------------------------------------------------------------------- chunk_bounds
+
+
+@pytest.mark.parametrize("parts", range(1, 9))
+def test_chunk_bounds_match_numpy_array_split(parts):
+    for count in list(range(0, 40)) + [997, 1 << 20, (1 << 20) + 3]:
+        bounds = _ring.chunk_bounds(count, parts)
+        assert len(bounds) == parts + 1
+        assert bounds[0] == 0 and bounds[-1] == count
+        sizes = np.diff(bounds).tolist()
+        expected = [len(piece) for piece in np.array_split(np.empty(count), parts)]
+        assert sizes == expected, (count, parts)
+
+
+def test_chunk_bounds_example_from_the_documentation():
+    # 10 rows on 4 ranks: 3, 3, 2, 2
+    assert np.diff(_ring.chunk_bounds(10, 4)).tolist() == [3, 3, 2, 2]
+    assert _ring.chunk_bounds(2, 4) == [0, 1, 2, 2, 2]
+
+
+# --------------------------------------------------------------------------- Executor
+
+def _takes_args(method) -> bool:
+    return "args" in inspect.signature(method).parameters
+
+
+def submit(executor: Executor, function, *args, name: str | None = None) -> Handle:
+    """Queue ``function(*args)`` (whichever way the executor takes the arguments)."""
+    if _takes_args(executor.submit):
+        return executor.submit(function, args, "test", name)
+    return executor.submit(lambda: function(*args), "test", name)
+
+
+def run(executor: Executor, function, *args):
+    if _takes_args(executor.run):
+        return executor.run(function, args, "test", None)
+    return executor.run(lambda: function(*args), "test", None)
+
+
+@pytest.fixture
+def executor():
+    ex = Executor()
+    yield ex
+    ex.close()
+
+
+def test_queued_work_runs_in_fifo_order(executor):
+    order = []
+    rng = np.random.default_rng(3)
+    delays = rng.uniform(0, 0.003, 40)
+
+    def work(i):
+        time.sleep(delays[i])
+        order.append(i)
+        return i * i
+
+    handles = [submit(executor, work, i, name=f"t{i}") for i in range(40)]
+    results = [h.wait() for h in reversed(handles)]
+    assert order == list(range(40))
+    assert results == [i * i for i in reversed(range(40))]
+    assert all(h.done() for h in handles)
+
+
+def test_queued_work_runs_on_one_worker_thread(executor):
+    threads = [submit(executor, lambda: threading.current_thread()).wait() for _ in range(5)]
+    assert len(set(threads)) == 1
+    assert threads[0] is not threading.main_thread()
+
+
+def test_a_blocking_call_waits_for_queued_work(executor):
+    order = []
+    started = threading.Event()
+
+    def slow(i):
+        started.set()
+        time.sleep(0.02)
+        order.append(i)
+
+    handles = [submit(executor, slow, i) for i in range(3)]
+    started.wait(5)
+    assert run(executor, lambda: order.append("blocking") or "result") == "result"
+    assert order == [0, 1, 2, "blocking"]
+    assert all(h.done() for h in handles)
+
+
+def test_a_blocking_call_without_queued_work_runs_inline(executor):
+    assert run(executor, lambda: threading.current_thread()) is threading.current_thread()
+
+
+def test_exceptions_reach_wait(executor):
+    class Boom(Exception):
+        pass
+
+    error = Boom("boom")
+
+    def fail():
+        raise error
+
+    handle = submit(executor, fail, name="bad")
+    after = submit(executor, lambda: "still running")
+    with pytest.raises(Boom) as caught:
+        handle.wait()
+    assert caught.value is error
+    assert handle.done()
+    with pytest.raises(Boom):
+        handle.wait()  # again: the same error
+    assert after.wait() == "still running", "work queued after a failure did not run"
+
+
+def test_exceptions_of_blocking_calls_propagate(executor):
+    with pytest.raises(ZeroDivisionError):
+        run(executor, lambda: 1 / 0)
+    assert run(executor, lambda: 5) == 5
+
+
+def test_handle_state_and_repr(executor):
+    gate = threading.Event()
+    handle = submit(executor, gate.wait, 5, name="grad")
+    assert handle.collective == "test" and handle.name == "grad"
+    assert not handle.done() and "in flight" in repr(handle)
+    gate.set()
+    assert handle.wait() is True
+    assert handle.done() and "done" in repr(handle) and "grad" in repr(handle)
+
+
+def test_close_finishes_queued_work_then_refuses_more():
+    executor = Executor()
+    order = []
+    handles = [submit(executor, lambda i=i: (time.sleep(0.005), order.append(i))) for i in range(5)]
+    executor.close()
+    assert order == list(range(5)) and all(h.done() for h in handles)
+    with pytest.raises(RingtrainError):
+        submit(executor, lambda: None)
+    executor.close()  # closing twice is harmless
+
+
+def test_close_without_any_work():
+    executor = Executor()
+    executor.close()
+    with pytest.raises(RingtrainError):
+        submit(executor, lambda: None)
+
+
+def test_blocking_calls_from_several_threads_never_overlap(executor):
+    """Work from the worker and inline calls never runs at the same time."""
+    inside = []
+    overlaps = []
+    lock = threading.Lock()
+
+    def work():
+        with lock:
+            inside.append(1)
+            if len(inside) > 1:
+                overlaps.append(True)
+        time.sleep(0.001)
+        with lock:
+            inside.pop()
+
+    handles = [submit(executor, work) for _ in range(20)]
+    for _ in range(20):
+        run(executor, work)
+    for h in handles:
+        h.wait()
+    assert not overlaps
+
+
+# --------------------------------------------------------------------------- kernels
+
+@pytest.mark.parametrize("op", sorted(REDUCTION_UFUNCS))
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int8, np.uint8,
+                                   np.int32, np.int64])
+def test_reduce_into(op, dtype):
+    rng = np.random.default_rng(1)
+    a = rng.integers(0, 5, 11).astype(dtype)
+    b = rng.integers(0, 5, 11).astype(dtype)
+    expected = {"sum": a + b, "average": a + b, "min": np.minimum(a, b),
+                "max": np.maximum(a, b), "product": a * b}[op]
+    out = np.empty_like(a)
+    reduce_into(op, a, b, out)
+    np.testing.assert_array_equal(out, expected)
+    reduce_into(op, a, b, a)  # out may be an operand
+    np.testing.assert_array_equal(a, expected)
+
+
+def test_scale_into():
+    a = np.arange(5, dtype=np.float32)
+    out = np.empty_like(a)
+    scale_into(a, 1.0, out)
+    np.testing.assert_array_equal(out, a)
+    scale_into(a, 0.5, out)
+    np.testing.assert_array_equal(out, a * 0.5)
+    scale_into(a, 2.0, a)
+    np.testing.assert_array_equal(a, np.arange(5, dtype=np.float32) * 2)
+    h = np.ones(3, np.float16)
+    scale_into(h, 3.0, h)
+    assert h.dtype == np.float16 and (h == 3).all()
