@@ -43,14 +43,17 @@ class Call:
         fields: the call's fields by name, starting with ``collective`` and ``name``;
             shown, rank by rank, in the error message.
         signature: a 62-bit digest of the fields, the same on every rank and every run.
+        header: this call's 16-byte header, ``[signature, -signature]`` as int64.
     """
 
-    __slots__ = ("fields", "signature")
+    __slots__ = ("fields", "signature", "header", "header_bytes")
 
     def __init__(self, **fields: Any):
         self.fields = fields
         digest = hashlib.blake2b(repr(tuple(fields.items())).encode(), digest_size=8).digest()
         self.signature = int.from_bytes(digest, "little") & _SIGNATURE_MASK
+        self.header = np.array([self.signature, -self.signature], np.int64)
+        self.header_bytes = self.header.tobytes()
 
 
 class _Buffers:
@@ -94,8 +97,7 @@ def agree(group: Group, call: Call, payload: np.ndarray | None = None,
     if buffers is None:
         buffers = group.state["agreement"] = _Buffers()
     header = buffers.header
-    header[0] = call.signature
-    header[1] = -call.signature
+    header[:] = call.header
     if payload is None:
         _recursive_doubling.exchange(group, buffers.message[:HEADER_BYTES], buffers.receive,
                                      buffers.combine_headers)
@@ -116,7 +118,8 @@ def agree(group: Group, call: Call, payload: np.ndarray | None = None,
                 buffers.combine_headers()
 
         _recursive_doubling.exchange(group, buffers.message[:end], buffers.receive, combine)
-    if header[0] != -header[1]:
+    # The combined header is [max, -min] of all signatures: ours again exactly when all agree.
+    if header.tobytes() != call.header_bytes:
         _raise_mismatch(group, call)
     if payload is not None:
         result[:] = data
