@@ -285,9 +285,9 @@ def _prepare_grouped(tensors: Sequence[Any], op: Any, name: str | None,
     chosen = {dtype: allreduce_algorithm(algorithm, fused_sizes[dtype] * dtype.itemsize,
                                          group.size, settings, name) for dtype in by_dtype}
     call = Call(collective="grouped_allreduce", name=name, op=op.name,
-            dtype=tuple(a.dtype for a in arrays), shape=tuple(a.shape for a in arrays),
-            algorithm=tuple(chosen[a.dtype] for a in arrays),
-            segment_bytes=settings.segment_bytes)
+                dtype=tuple(a.dtype for a in arrays), shape=tuple(a.shape for a in arrays),
+                algorithm=tuple(chosen[a.dtype] for a in arrays),
+                segment_bytes=settings.segment_bytes)
     finish = finisher(group.size if op is ReduceOp.Average else 1, postscale_factor)
 
     def run() -> list[np.ndarray]:

@@ -99,8 +99,8 @@ def _prepare(tensor: Any, root_rank: Any, name: str | None, process_set: Process
     settings = current_settings()
     chosen = broadcast_algorithm(algorithm, array.nbytes, group.size, settings, name)
     call = Call(collective="broadcast", name=name, root_rank=int(root_rank),
-            dtype=array.dtype, shape=array.shape, algorithm=chosen,
-            segment_bytes=settings.segment_bytes if chosen == "pipeline" else None)
+                dtype=array.dtype, shape=array.shape, algorithm=chosen,
+                segment_bytes=settings.segment_bytes if chosen == "pipeline" else None)
 
     def run() -> np.ndarray:
         agree(group, call)

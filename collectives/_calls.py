@@ -40,7 +40,9 @@ def in_place_array(tensor: Any, collective: str, name: str | None) -> np.ndarray
 
 def flat(array: np.ndarray) -> np.ndarray:
     """A 1-D view of a C-contiguous array, or a contiguous 1-D copy of any other."""
-    return array.reshape(-1) if array.flags.c_contiguous else np.ascontiguousarray(array).reshape(-1)
+    if array.flags.c_contiguous:
+        return array.reshape(-1)
+    return np.ascontiguousarray(array).reshape(-1)
 
 
 def check_scale_factors(dtype: np.dtype, prescale_factor: float, postscale_factor: float,

@@ -48,7 +48,8 @@ def resolve_op(op: ReduceOp | str, collective: str, tensor_name: str | None) -> 
         return _OP_BY_NAME[op.lower()]
     known = ", ".join(o.name for o in ReduceOp)
     raise InvalidArgumentError(
-        f"{collective} of tensor {tensor_label(tensor_name)}: unknown op {op!r}; use one of {known}")
+        f"{collective} of tensor {tensor_label(tensor_name)}: unknown op {op!r}; "
+        f"use one of {known}")
 
 
 def check_dtype(dtype: np.dtype, allowed: tuple[np.dtype, ...], collective: str,
@@ -68,4 +69,3 @@ def check_op_for_dtype(op: ReduceOp, dtype: np.dtype, collective: str,
         raise InvalidArgumentError(
             f"{collective} of tensor {tensor_label(tensor_name)}: op Average is not defined for "
             f"integer dtype {dtype}; use Sum (and divide yourself) or a floating dtype")
-

@@ -5,8 +5,6 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable
 
-from mpi4py import MPI
-
 from ._group import Group
 from ._world import World, world
 from .errors import InvalidArgumentError, tensor_label
@@ -91,7 +89,9 @@ class ProcessSet:
                 f"{outside} are outside 0..{state.group.size - 1}")
 
     def __repr__(self) -> str:
-        return "ProcessSet(all ranks)" if self._ranks is None else f"ProcessSet({list(self._ranks)})"
+        if self._ranks is None:
+            return "ProcessSet(all ranks)"
+        return f"ProcessSet({list(self._ranks)})"
 
 
 global_process_set = ProcessSet()

@@ -67,8 +67,8 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
     settings = current_settings()
     chosen = simple_algorithm("reducescatter", algorithm, settings, name)
     call = Call(collective="reducescatter", name=name, op=op.name, dtype=array.dtype,
-            shape=array.shape, algorithm=chosen,
-            segment_bytes=settings.segment_bytes if chosen == "ring" else None)
+                shape=array.shape, algorithm=chosen,
+                segment_bytes=settings.segment_bytes if chosen == "ring" else None)
     row = int(np.prod(array.shape[1:], dtype=np.int64))
     rows = _ring.chunk_bounds(array.shape[0], group.size)
     bounds = [r * row for r in rows]

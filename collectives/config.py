@@ -75,7 +75,7 @@ class Settings:
 
 
 def environment_variable(field: str) -> str:
-    """The variable that overrides a settings field: ``segment_bytes`` -> ``RINGTRAIN_SEGMENT_BYTES``."""
+    """The variable overriding a field: ``segment_bytes`` -> ``RINGTRAIN_SEGMENT_BYTES``."""
     return "RINGTRAIN_" + field.upper()
 
 

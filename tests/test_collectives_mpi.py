@@ -18,7 +18,6 @@ NPROCS = [1, 2, 3, 4]
 TIMEOUT = 180
 
 
-
 def _settings_environment() -> dict[str, str]:
     """The ENVIRONMENT that tests/mpi/settings_env.py expects (read, not imported)."""
     tree = ast.parse((PROGRAM_DIR / "settings_env.py").read_text())

@@ -118,8 +118,8 @@ def noncontiguous_matrix(algorithm: str) -> None:
 
 def _view_index(index: int):
     """The index expression of view ``index`` of noncontiguous_views, into its base."""
-    return [(slice(None, None, 2),), (slice(None), slice(None)), (slice(1, None),
-                                                                   slice(None, None, 2))][index]
+    return [(slice(None, None, 2),), (slice(None), slice(None)),
+            (slice(1, None), slice(None, None, 2))][index]
 
 
 def async_matrix(algorithm: str) -> None:

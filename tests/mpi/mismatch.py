@@ -375,7 +375,7 @@ def alltoall_dtype_mismatch():
 
 @check(min_size=2)
 def grouped_allreduce_mismatch():
-    me, k = rt.rank(), rt.size()
+    k = rt.size()
     counts = last_differs(2, 3)
     tensors = [np.ones(4, np.float32) for _ in range(mine(counts))]
     caught = expect_raises(rt.MismatchError, rt.grouped_allreduce, tensors, rt.Sum, name="grp")
