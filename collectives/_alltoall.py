@@ -16,7 +16,7 @@ from ._ops import COPY_DTYPES, check_dtype
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import simple_algorithm
 from .config import current_settings
-from .errors import InvalidArgumentError, tensor_label
+from .errors import InvalidArgumentError, subject
 
 
 def alltoall(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = None,
@@ -53,11 +53,11 @@ def _splits(splits: Any, rows: int, size: int, name: str | None) -> np.ndarray:
     values = np.asarray(splits)
     if values.shape != (size,) or values.dtype.kind not in "iu" or (values < 0).any():
         raise InvalidArgumentError(
-            f"alltoall of tensor {tensor_label(name)}: splits must be {size} non-negative "
+            f"{subject('alltoall', name)}: splits must be {size} non-negative "
             f"integers (one per rank), got {list(np.ravel(values))}")
     if int(values.sum()) != rows:
         raise InvalidArgumentError(
-            f"alltoall of tensor {tensor_label(name)}: splits {values.tolist()} sum to "
+            f"{subject('alltoall', name)}: splits {values.tolist()} sum to "
             f"{int(values.sum())}, but the tensor has {rows} rows")
     return values.astype(np.int64)
 
@@ -68,7 +68,7 @@ def _prepare(tensor: Any, splits: Any, name: str | None, process_set: ProcessSet
     check_dtype(array.dtype, COPY_DTYPES, "alltoall", name)
     if array.ndim == 0:
         raise InvalidArgumentError(
-            f"alltoall of tensor {tensor_label(name)}: needs at least one dimension, "
+            f"{subject('alltoall', name)}: needs at least one dimension, "
             f"got a 0-d array")
     group = resolve_group(process_set, "alltoall", name)
     send_splits = _splits(splits, array.shape[0], group.size, name)

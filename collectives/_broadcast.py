@@ -16,7 +16,7 @@ from ._ops import COPY_DTYPES, check_dtype
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import broadcast_algorithm
 from .config import current_settings
-from .errors import InvalidArgumentError, tensor_label
+from .errors import InvalidArgumentError, subject
 
 
 def broadcast(tensor: np.ndarray, root_rank: int, name: str | None = None,
@@ -67,11 +67,11 @@ def root_in_group(group: Group, root_rank: Any, collective: str, name: str | Non
     """Translate a world root rank into its rank in ``group``; refuse one outside it."""
     if not isinstance(root_rank, (int, np.integer)) or isinstance(root_rank, bool):
         raise InvalidArgumentError(
-            f"{collective} of tensor {tensor_label(name)}: root_rank must be an int, "
+            f"{subject(collective, name)}: root_rank must be an int, "
             f"got {root_rank!r}")
     if root_rank not in group.world_ranks:
         raise InvalidArgumentError(
-            f"{collective} of tensor {tensor_label(name)}: root_rank {root_rank} is not "
+            f"{subject(collective, name)}: root_rank {root_rank} is not "
             f"among the ranks {list(group.world_ranks)}")
     return group.world_ranks.index(int(root_rank))
 

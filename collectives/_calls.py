@@ -11,7 +11,7 @@ import numpy as np
 from ._executor import Handle
 from ._world import mpi_threads_supported, world
 from .errors import (CommunicationError, InvalidArgumentError, RingtrainError,
-                     UnsupportedDtypeError, tensor_label)
+                     UnsupportedDtypeError, subject)
 
 
 def input_array(tensor: Any, collective: str, name: str | None) -> np.ndarray:
@@ -22,7 +22,7 @@ def input_array(tensor: Any, collective: str, name: str | None) -> np.ndarray:
         return np.asarray(tensor)
     except (TypeError, ValueError) as error:
         raise UnsupportedDtypeError(
-            f"{collective} of tensor {tensor_label(name)}: cannot use a "
+            f"{subject(collective, name)}: cannot use a "
             f"{type(tensor).__name__} as an array: {error}") from None
 
 
@@ -30,11 +30,11 @@ def in_place_array(tensor: Any, collective: str, name: str | None) -> np.ndarray
     """The caller's tensor for an in-place collective: a writable numpy array."""
     if not isinstance(tensor, np.ndarray):
         raise InvalidArgumentError(
-            f"{collective} of tensor {tensor_label(name)}: works in place and needs a numpy "
+            f"{subject(collective, name)}: works in place and needs a numpy "
             f"array, got {type(tensor).__name__}")
     if not tensor.flags.writeable:
         raise InvalidArgumentError(
-            f"{collective} of tensor {tensor_label(name)}: the array is read-only")
+            f"{subject(collective, name)}: the array is read-only")
     return tensor
 
 
@@ -50,7 +50,7 @@ def check_scale_factors(dtype: np.dtype, prescale_factor: float, postscale_facto
     """Scale factors other than 1 need a floating dtype (an integer result would be cut)."""
     if dtype.kind != "f" and (prescale_factor != 1.0 or postscale_factor != 1.0):
         raise InvalidArgumentError(
-            f"{collective} of tensor {tensor_label(name)}: prescale_factor/postscale_factor "
+            f"{subject(collective, name)}: prescale_factor/postscale_factor "
             f"need a floating dtype, got {dtype}")
 
 
@@ -63,7 +63,7 @@ def execute(collective: str, name: str | None, body: Callable[[], Any],
         return executor.run(_guarded, arguments, collective, name)
     if not mpi_threads_supported():
         raise RingtrainError(
-            f"{collective}_async of tensor {tensor_label(name)}: MPI was initialized without "
+            f"{subject(collective + '_async', name)}: MPI was initialized without "
             f"thread support (MPI_THREAD_SERIALIZED or better is needed); leave "
             f"mpi4py.rc.thread_level at its default 'multiple'")
     return executor.submit(_guarded, arguments, collective, name)
@@ -74,7 +74,7 @@ def _guarded(collective: str, name: str | None, body: Callable[[], Any]) -> Any:
         return body()
     except MPI.Exception as error:
         raise CommunicationError(
-            f"rank {world().group.rank}: {collective} of tensor {tensor_label(name)}: "
+            f"{subject(collective, name)}: "
             f"MPI failed: {error}") from error
 
 

@@ -6,7 +6,7 @@ import enum
 
 import numpy as np
 
-from .errors import InvalidArgumentError, UnsupportedDtypeError, tensor_label
+from .errors import InvalidArgumentError, UnsupportedDtypeError, subject
 
 
 class ReduceOp(enum.Enum):
@@ -48,7 +48,7 @@ def resolve_op(op: ReduceOp | str, collective: str, tensor_name: str | None) -> 
         return _OP_BY_NAME[op.lower()]
     known = ", ".join(o.name for o in ReduceOp)
     raise InvalidArgumentError(
-        f"{collective} of tensor {tensor_label(tensor_name)}: unknown op {op!r}; "
+        f"{subject(collective, tensor_name)}: unknown op {op!r}; "
         f"use one of {known}")
 
 
@@ -58,7 +58,7 @@ def check_dtype(dtype: np.dtype, allowed: tuple[np.dtype, ...], collective: str,
     if dtype not in allowed:
         names = ", ".join(d.name for d in allowed)
         raise UnsupportedDtypeError(
-            f"{collective} of tensor {tensor_label(tensor_name)}: dtype {dtype} is not supported; "
+            f"{subject(collective, tensor_name)}: dtype {dtype} is not supported; "
             f"supported dtypes are {names}")
 
 
@@ -67,5 +67,5 @@ def check_op_for_dtype(op: ReduceOp, dtype: np.dtype, collective: str,
     """Refuse an Average of integers: its result is not an integer."""
     if op is ReduceOp.Average and dtype.kind in "iu":
         raise InvalidArgumentError(
-            f"{collective} of tensor {tensor_label(tensor_name)}: op Average is not defined for "
+            f"{subject(collective, tensor_name)}: op Average is not defined for "
             f"integer dtype {dtype}; use Sum (and divide yourself) or a floating dtype")

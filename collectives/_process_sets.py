@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from ._group import Group
 from ._world import World, world
-from .errors import InvalidArgumentError, tensor_label
+from .errors import InvalidArgumentError, subject
 
 
 class ProcessSet:
@@ -70,7 +70,7 @@ class ProcessSet:
         self._check_ranks(state, collective, tensor_name)
         if state.group.rank not in self._ranks:
             raise InvalidArgumentError(
-                f"{collective} of tensor {tensor_label(tensor_name)}: rank {state.group.rank} "
+                f"{subject(collective, tensor_name)}: this rank "
                 f"is not a member of process set {list(self._ranks)}")
         members = state.group.comm.Get_group().Incl(list(self._ranks))
         tag = zlib.crc32(repr(self._ranks).encode()) % 32768
@@ -85,7 +85,7 @@ class ProcessSet:
         outside = [r for r in self._ranks if not 0 <= r < state.group.size]
         if outside:
             raise InvalidArgumentError(
-                f"{collective} of tensor {tensor_label(tensor_name)}: process set ranks "
+                f"{subject(collective, tensor_name)}: process set ranks "
                 f"{outside} are outside 0..{state.group.size - 1}")
 
     def __repr__(self) -> str:
@@ -140,6 +140,6 @@ def resolve_group(process_set: ProcessSet | None, collective: str,
         return world().group
     if not isinstance(process_set, ProcessSet):
         raise InvalidArgumentError(
-            f"{collective} of tensor {tensor_label(tensor_name)}: process_set must be a "
+            f"{subject(collective, tensor_name)}: process_set must be a "
             f"ProcessSet, got {type(process_set).__name__}")
     return process_set.group(collective, tensor_name)

@@ -18,7 +18,7 @@ from ._ops import ReduceOp, resolve_op
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import simple_algorithm
 from .config import current_settings
-from .errors import InvalidArgumentError, tensor_label
+from .errors import InvalidArgumentError, subject
 
 
 def reducescatter(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | None = None,
@@ -61,7 +61,7 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
     check_reduction(array, op, name, prescale_factor, postscale_factor, "reducescatter")
     if array.ndim == 0:
         raise InvalidArgumentError(
-            f"reducescatter of tensor {tensor_label(name)}: needs at least one dimension "
+            f"{subject('reducescatter', name)}: needs at least one dimension "
             f"to split, got a 0-d array")
     group = resolve_group(process_set, "reducescatter", name)
     settings = current_settings()

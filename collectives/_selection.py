@@ -11,7 +11,7 @@ reducescatter: the ring. alltoall: the pairwise exchange. Thresholds are setting
 from __future__ import annotations
 
 from .config import ALGORITHMS, Settings
-from .errors import InvalidArgumentError, tensor_label
+from .errors import InvalidArgumentError, subject
 
 _DEFAULTS = {"allgather": "ring", "reducescatter": "ring", "alltoall": "pairwise"}
 
@@ -22,7 +22,7 @@ def requested(collective: str, algorithm: str | None, settings: Settings,
     choice = getattr(settings, f"{collective}_algorithm") if algorithm is None else algorithm
     if choice not in ALGORITHMS[collective]:
         raise InvalidArgumentError(
-            f"{collective} of tensor {tensor_label(name)}: unknown algorithm {choice!r}; "
+            f"{subject(collective, name)}: unknown algorithm {choice!r}; "
             f"use one of {', '.join(ALGORITHMS[collective])}")
     return choice
 

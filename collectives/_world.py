@@ -8,7 +8,7 @@ from mpi4py import MPI
 
 from ._executor import Executor
 from ._group import Group
-from .errors import NotInitializedError
+from .errors import NotInitializedError, set_rank
 
 
 @dataclasses.dataclass
@@ -57,6 +57,7 @@ def init(comm: MPI.Comm | None = None) -> None:
     cross_comm = own.Split(color=local_comm.Get_rank(), key=own.Get_rank())
     _generation += 1
     _world = World(Group(own, world_ranks), local_comm, cross_comm, Executor(), _generation)
+    set_rank(own.Get_rank())
 
 
 def shutdown() -> None:
@@ -71,6 +72,7 @@ def shutdown() -> None:
         return
     world.executor.close()
     _world = None
+    set_rank(None)
     if not MPI.Is_finalized():
         for group in world.process_set_groups:
             group.free()

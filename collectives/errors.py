@@ -52,6 +52,21 @@ class MismatchError(RingtrainError, RuntimeError):
         super().__init__(_describe_mismatch(collective, tensor_name, self.differences))
 
 
+_rank: int | None = None
+
+
+def set_rank(rank: int | None) -> None:
+    """Record this process's rank for error messages (``init`` sets it, ``shutdown`` clears it)."""
+    global _rank
+    _rank = rank
+
+
+def subject(collective: str, name: str | None) -> str:
+    """How an error names the failing call: ``"rank 3: allreduce of tensor 'w'"``."""
+    prefix = "" if _rank is None else f"rank {_rank}: "
+    return f"{prefix}{collective} of tensor {tensor_label(name)}"
+
+
 def tensor_label(name: str | None) -> str:
     """How a tensor is named in messages: its name quoted, or ``(unnamed)``."""
     return "(unnamed)" if name is None else repr(name)
