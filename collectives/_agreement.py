@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels import scale_into
 from . import _recursive_doubling
 from ._group import Group
 from .errors import MismatchError
@@ -91,7 +92,7 @@ def agree(group: Group, call: Call, payload: np.ndarray | None = None,
     """
     if group.size == 1:
         if payload is not None:
-            np.multiply(payload, prescale_factor, out=result, casting="unsafe")
+            scale_into(payload, prescale_factor, result)
         return
     buffers = group.state.get("agreement")
     if buffers is None:
@@ -104,10 +105,7 @@ def agree(group: Group, call: Call, payload: np.ndarray | None = None,
     else:
         end = HEADER_BYTES + payload.nbytes
         data = buffers.message[HEADER_BYTES:end].view(payload.dtype)
-        if prescale_factor == 1.0:
-            data[:] = payload
-        else:
-            np.multiply(payload, prescale_factor, out=data)
+        scale_into(payload, prescale_factor, data)
         received = buffers.receive[HEADER_BYTES:end].view(payload.dtype)
 
         def combine(_: np.ndarray) -> None:
