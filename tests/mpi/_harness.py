@@ -106,6 +106,8 @@ def _exchange_flags(ok: bool, name: str) -> list[bool]:
             log(f"rank {rank}: ABORT after check {name}: "
                 + ("it failed here and " if not ok else "")
                 + "other ranks did not finish it (they are probably blocked in a collective)")
+            # MPI_Abort can end the launcher before it forwards the line just printed.
+            time.sleep(0.5)
             WORLD.Abort(1)
         time.sleep(0.0005)
     return [bool(flag) for flag in everyone]
