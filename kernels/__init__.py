@@ -1,8 +1,23 @@
 """Array kernels used by ringtrain's collectives and trainer.
 
-Pure array code: nothing here imports mpi4py or knows about ranks.
+Pure array code: nothing here imports mpi4py or knows about ranks. Each kernel has a
+host twin (:mod:`.host`, numpy and ``numba.njit``) and a device twin (:mod:`.device`,
+``numba.cuda``) of the same signature; the functions exported here pick the twin from
+the arrays they are given.
 """
 
-from .reduction import REDUCTION_UFUNCS, reduce_into, scale_into
+from .compression import (BF16Compressor, Compression, CompressionContext, Compressor,
+                          FP16Compressor, NoneCompressor)
+from .dispatch import (abs_max, decode_bfloat, decode_half, empty_like, encode_bfloat,
+                       encode_half, pack, reduce_into, scale_into, twin_for, unpack,
+                       zeros_like)
+from .host import OP_CODES, host_threads, set_host_threads
+from .layout import FusionLayout
+from .reduction import reducer
 
-__all__ = ["REDUCTION_UFUNCS", "reduce_into", "scale_into"]
+__all__ = [
+    "BF16Compressor", "Compression", "CompressionContext", "Compressor", "FP16Compressor",
+    "FusionLayout", "NoneCompressor", "OP_CODES", "abs_max", "decode_bfloat", "decode_half",
+    "empty_like", "encode_bfloat", "encode_half", "host_threads", "pack", "reduce_into",
+    "reducer", "scale_into", "set_host_threads", "twin_for", "unpack", "zeros_like",
+]

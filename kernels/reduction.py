@@ -1,47 +1,38 @@
-"""The reduction step of the collectives: ``out = a (op) b``, and scaling, on host arrays.
+"""The reduction step of the collectives on host arrays: ``out = a (op) b``.
 
-Every function writes into ``out`` and allocates nothing, so the ring can reduce each
-received segment straight into its destination while the segment is still in cache.
+The collectives call the returned function on every received segment, writing straight
+into its destination while the segment is still in cache; it allocates nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
-REDUCTION_UFUNCS: dict[str, np.ufunc] = {
-    "sum": np.add,
-    "average": np.add,
-    "min": np.minimum,
-    "max": np.maximum,
-    "product": np.multiply,
-}
-"""The elementwise function that combines two ranks' values, by op name.
+from . import host
 
-Average sums; the collectives scale the sum afterwards.
-"""
+Combine = Callable[..., None]
+"""``combine(a, b, out=out)``: sets ``out = a (op) b``; ``out`` may be ``a`` or ``b``."""
 
 
-def reduce_into(op: str, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    """Set ``out = a (op) b`` elementwise; ``out`` may be ``a`` or ``b``.
+def reducer(op: str, dtype: Any, encoding: str | None = None) -> Combine:
+    """The function that combines two ranks' host arrays of ``dtype`` under ``op``.
 
     Args:
-        op: a key of :data:`REDUCTION_UFUNCS`.
-        a, b: operands of ``out``'s shape and dtype.
-        out: destination.
+        op: ``sum``, ``average`` (sums; the caller divides), ``min``, ``max``, ``product``.
+        dtype: the arrays' dtype.
+        encoding: ``"bfloat16"`` when uint16 arrays hold bfloat16 bits.
+
+    Returns:
+        numpy's ufunc for native dtypes (already at memory speed); for float16 and
+        bfloat16 a compiled loop that computes in float32 and rounds once.
     """
-    REDUCTION_UFUNCS[op](a, b, out=out)
+    if encoding is None and np.dtype(dtype) != np.float16:
+        return host.NUMPY_REDUCTIONS[op]
 
+    def combine(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+        host.reduce_into(op, a, b, out, encoding)
 
-def scale_into(a: np.ndarray, factor: float, out: np.ndarray) -> None:
-    """Set ``out = a * factor`` in ``out``'s dtype; a no-op copy-free path when factor is 1.
-
-    Args:
-        a: source, of ``out``'s shape.
-        factor: the scale.
-        out: destination; may be ``a``.
-    """
-    if factor == 1.0:
-        if out is not a:
-            np.copyto(out, a)
-        return
-    np.multiply(a, factor, out=out, casting="unsafe")
+    return combine

@@ -1,0 +1,442 @@
+"""GPU twins of the kernels: ``numba.cuda`` kernels for device arrays.
+
+The only module of ringtrain that imports ``numba.cuda``; nothing imports it until a
+device array is seen. Every function has a twin of the same name and signature in
+``host`` and gives the same bits (the 16-bit float formats go through the same integer
+code, ``float_bits``).
+
+Arrays may be numba device arrays, CuPy arrays, torch CUDA tensors (``.detach()``-ed)
+or anything else with ``__cuda_array_interface__``; they must be C-contiguous. Kernels
+are launched on the stream the first array's interface names (CuPy: its current stream)
+or on the default stream, so they run after the work that produced the data without
+a host synchronisation; arrays from different streams must be synchronised by the
+caller first. All loops are grid-stride, so one launch covers any size; a fusion buffer
+is packed or unpacked in one launch whatever the number of tensors, each block copying
+whole rows of the layout's task table.
+
+Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) the same kernel source runs on the
+CPU: loads and stores through raw addresses read host memory there, launches use a few
+threads, and the arrays are the simulator's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+from . import float_bits
+from .layout import FusionLayout
+
+SIMULATED = "simulator" in cuda.to_device.__module__
+"""True under numba's CUDA simulator."""
+
+THREADS_PER_BLOCK = 8 if SIMULATED else 256
+MAX_BLOCKS = 2 if SIMULATED else 4096
+
+OP_CODES = {"sum": 0, "average": 0, "min": 1, "max": 2, "product": 3}
+
+if SIMULATED:
+    def load(address, index, like):
+        """``like.dtype`` element ``index`` of the array starting at ``address``."""
+        itemsize = like.dtype.itemsize
+        raw = (ctypes.c_char * itemsize).from_address(int(address) + int(index) * itemsize)
+        return np.frombuffer(raw, like.dtype)[0]
+
+    def store(address, index, value):
+        """Write ``value`` as element ``index`` of the array starting at ``address``."""
+        value = np.asarray(value)
+        raw = (ctypes.c_char * value.itemsize).from_address(
+            int(address) + int(index) * value.itemsize)
+        np.frombuffer(raw, value.dtype)[0] = value
+else:
+    from numba.cuda import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def load(typingctx, address, index, like):
+        """``like.dtype`` element ``index`` of the array starting at ``address``."""
+        element = like.dtype
+
+        def codegen(context, builder, signature, args):
+            pointer = builder.inttoptr(args[0], context.get_value_type(element).as_pointer())
+            return builder.load(builder.gep(pointer, [args[1]]))
+
+        return element(address, index, like), codegen
+
+    @intrinsic
+    def store(typingctx, address, index, value):
+        """Write ``value`` as element ``index`` of the array starting at ``address``."""
+
+        def codegen(context, builder, signature, args):
+            pointer = builder.inttoptr(args[0], context.get_value_type(value).as_pointer())
+            builder.store(args[2], builder.gep(pointer, [args[1]]))
+            return context.get_dummy_value()
+
+        return types.void(address, index, value), codegen
+
+
+def _device_function(function: Callable) -> Callable:
+    return cuda.jit(device=True, inline=True)(function)
+
+
+_half_from_float = _device_function(float_bits.half_bits_from_float_bits)
+_float_from_half = _device_function(float_bits.float_bits_from_half_bits)
+_bfloat_from_float = _device_function(float_bits.bfloat_bits_from_float_bits)
+_float_from_bfloat = _device_function(float_bits.float_bits_from_bfloat_bits)
+
+
+def _kernel(function: Callable) -> Callable:
+    return cuda.jit(cache=not SIMULATED)(function)
+
+
+@_kernel
+def _pack_kernel(tasks, offsets, addresses, buffer, scale, scaled):
+    for task in range(cuda.blockIdx.x, tasks.shape[0], cuda.gridDim.x):
+        tensor, start, count = tasks[task, 0], tasks[task, 1], tasks[task, 2]
+        if tensor < 0:
+            for i in range(cuda.threadIdx.x, count, cuda.blockDim.x):
+                buffer[start + i] = 0
+        else:
+            address, base = addresses[tensor], offsets[tensor] + start
+            for i in range(cuda.threadIdx.x, count, cuda.blockDim.x):
+                value = load(address, start + i, buffer)
+                if scaled:
+                    value *= scale
+                buffer[base + i] = value
+
+
+@_kernel
+def _unpack_kernel(tasks, offsets, addresses, buffer, scale, scaled):
+    for task in range(cuda.blockIdx.x, tasks.shape[0], cuda.gridDim.x):
+        tensor, start, count = tasks[task, 0], tasks[task, 1], tasks[task, 2]
+        if tensor >= 0:
+            address, base = addresses[tensor], offsets[tensor] + start
+            for i in range(cuda.threadIdx.x, count, cuda.blockDim.x):
+                value = buffer[base + i]
+                if scaled:
+                    value *= scale
+                store(address, start + i, value)
+
+
+def _encoder(to_bits: Callable, from_bits: Callable) -> tuple[Callable, Callable]:
+    def encode(source, wire, scale):
+        for i in range(cuda.grid(1), source.size, cuda.gridsize(1)):
+            wire[i] = to_bits(np.float32(source[i] * scale).view(np.uint32))
+
+    def encode_feedback(source, wire, scale, residual, inverse):
+        for i in range(cuda.grid(1), source.size, cuda.gridsize(1)):
+            value = source[i] + residual[i]
+            bits = to_bits(np.float32(value * scale).view(np.uint32))
+            wire[i] = bits
+            residual[i] = value - np.uint32(from_bits(bits)).view(np.float32) * inverse
+
+    return _kernel(encode), _kernel(encode_feedback)
+
+
+def _decoder(from_bits: Callable) -> Callable:
+    def decode(wire, out, scale):
+        for i in range(cuda.grid(1), wire.size, cuda.gridsize(1)):
+            out[i] = np.uint32(from_bits(wire[i])).view(np.float32) * scale
+
+    return _kernel(decode)
+
+
+def _reducer_16(to_bits: Callable, from_bits: Callable) -> Callable:
+    def reduce(a, b, out, op):
+        for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+            x = np.uint32(from_bits(a[i])).view(np.float32)
+            y = np.uint32(from_bits(b[i])).view(np.float32)
+            if op == 0:
+                out[i] = to_bits(np.float32(x + y).view(np.uint32))
+            elif op == 3:
+                out[i] = to_bits(np.float32(x * y).view(np.uint32))
+            elif op == 1:
+                out[i] = a[i] if (x <= y or x != x) else b[i]
+            else:
+                out[i] = a[i] if (x >= y or x != x) else b[i]
+
+    return _kernel(reduce)
+
+
+_encode_half, _encode_half_feedback = _encoder(_half_from_float, _float_from_half)
+_encode_bfloat, _encode_bfloat_feedback = _encoder(_bfloat_from_float, _float_from_bfloat)
+_decode_half = _decoder(_float_from_half)
+_decode_bfloat = _decoder(_float_from_bfloat)
+_reduce_half = _reducer_16(_half_from_float, _float_from_half)
+_reduce_bfloat = _reducer_16(_bfloat_from_float, _float_from_bfloat)
+
+
+@_kernel
+def _reduce_native(a, b, out, op):
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        x, y = a[i], b[i]
+        if op == 0:
+            out[i] = x + y
+        elif op == 3:
+            out[i] = x * y
+        elif op == 1:
+            out[i] = x if (x <= y or x != x) else y
+        else:
+            out[i] = x if (x >= y or x != x) else y
+
+
+@_kernel
+def _scale_kernel(a, factor, out):
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = a[i] * factor
+
+
+@_kernel
+def _abs_max_kernel(values, largest, nonfinite):
+    # Any value already in ``largest`` is a lower bound of the answer, and has its type.
+    local = largest[0]
+    count = 0
+    for i in range(cuda.grid(1), values.size, cuda.gridsize(1)):
+        magnitude = abs(values[i])
+        if magnitude != magnitude or magnitude == math.inf:
+            count += 1
+        elif magnitude > local:
+            local = magnitude
+    cuda.atomic.max(largest, 0, local)
+    if count:
+        cuda.atomic.add(nonfinite, 0, count)
+
+
+def is_device_array(array: Any) -> bool:
+    """True for arrays the GPU kernels take (device memory, or the simulator's arrays)."""
+    if SIMULATED:
+        return isinstance(getattr(array, "_ary", None), np.ndarray)
+    return hasattr(array, "__cuda_array_interface__")
+
+
+def _interface(array: Any) -> dict:
+    return array.__cuda_array_interface__
+
+
+def _address(array: Any) -> int:
+    if SIMULATED:
+        return array._ary.ctypes.data
+    return _interface(array)["data"][0]
+
+
+def _check_contiguous(array: Any) -> None:
+    if SIMULATED:
+        contiguous = array._ary.flags.c_contiguous
+    else:
+        face = _interface(array)
+        strides = face.get("strides")
+        contiguous = strides is None or strides == _c_strides(face["shape"], face["typestr"])
+    if not contiguous:
+        raise ValueError("kernels need C-contiguous arrays")
+
+
+def _c_strides(shape: Sequence[int], typestr: str) -> tuple[int, ...]:
+    stride, strides = np.dtype(typestr).itemsize, []
+    for extent in reversed(shape):
+        strides.append(stride)
+        stride *= extent
+    return tuple(reversed(strides))
+
+
+def _array(array: Any) -> Any:
+    """``array`` as a 1-D numba device array over the same memory (no copy, no sync)."""
+    _check_contiguous(array)
+    if not SIMULATED and not cuda.is_cuda_array(array):
+        raise ValueError(f"not a device array: {type(array).__name__}")
+    if SIMULATED or cuda.devicearray.is_cuda_ndarray(array):
+        kernel_array = array
+    else:
+        kernel_array = cuda.as_cuda_array(array, sync=False)
+    return kernel_array.reshape(kernel_array.size) if kernel_array.ndim != 1 else kernel_array
+
+
+def _stream(array: Any) -> Any:
+    """The stream that produced ``array``, as its interface names it, else the default."""
+    if SIMULATED:
+        return cuda.default_stream()
+    if cuda.devicearray.is_cuda_ndarray(array):
+        return array.stream or cuda.default_stream()
+    handle = _interface(array).get("stream")
+    if handle is None or handle == 1:
+        return cuda.default_stream()
+    if handle == 2:
+        return cuda.per_thread_default_stream()
+    return cuda.external_stream(handle)
+
+
+def _launch(kernel: Callable, size: int, stream: Any, *args) -> None:
+    blocks = max(1, min(MAX_BLOCKS, -(-size // THREADS_PER_BLOCK)))
+    kernel[blocks, THREADS_PER_BLOCK, stream](*args)
+
+
+def _tables(layout: FusionLayout, tensors: Sequence[Any], stream: Any) -> tuple:
+    """The layout's task and offset tables on the device, and the tensors' addresses."""
+    cache = layout.device_tables
+    if "tasks" not in cache:
+        cache["tasks"] = cuda.to_device(layout.tasks, stream=stream)
+        cache["offsets"] = cuda.to_device(layout.offsets, stream=stream)
+    for tensor in tensors:
+        _check_contiguous(tensor)
+    addresses = np.array([_address(t) for t in tensors] or [0], np.int64)
+    if not np.array_equal(addresses, cache.get("addresses_host")):
+        cache["addresses_host"] = addresses
+        cache["addresses"] = cuda.to_device(addresses, stream=stream)
+    return cache["tasks"], cache["offsets"], cache["addresses"]
+
+
+def _check_fits(layout: FusionLayout, tensors: Sequence[Any], buffer: Any) -> None:
+    layout.check(tensors, buffer)
+
+
+def pack(layout: FusionLayout, tensors: Sequence[Any], buffer: Any,
+         scale: float = 1.0) -> None:
+    """Device twin of :func:`ringtrain.kernels.host.pack`: one launch for all tensors."""
+    _check_fits(layout, tensors, buffer)
+    stream = _stream(buffer)
+    flat = _array(buffer)
+    tasks, offsets, addresses = _tables(layout, tensors, stream)
+    if len(layout.tasks):
+        _launch(_pack_kernel, len(layout.tasks) * THREADS_PER_BLOCK, stream, tasks, offsets,
+                addresses, flat, _scalar(scale, layout.dtype), scale != 1.0)
+
+
+def unpack(layout: FusionLayout, buffer: Any, tensors: Sequence[Any],
+           scale: float = 1.0) -> None:
+    """Device twin of :func:`ringtrain.kernels.host.unpack`: one launch for all tensors."""
+    _check_fits(layout, tensors, buffer)
+    stream = _stream(buffer)
+    flat = _array(buffer)
+    tasks, offsets, addresses = _tables(layout, tensors, stream)
+    if len(layout.tasks):
+        _launch(_unpack_kernel, len(layout.tasks) * THREADS_PER_BLOCK, stream, tasks, offsets,
+                addresses, flat, _scalar(scale, layout.dtype), scale != 1.0)
+
+
+def _scalar(value: float, dtype: np.dtype) -> Any:
+    if dtype.kind != "f":
+        if value != 1.0:
+            raise ValueError(f"a scale needs a floating dtype, got {dtype}")
+        return dtype.type(1)
+    return dtype.type(value)
+
+
+def _float32_scale(scale: float) -> np.float32:
+    value = np.float32(scale)
+    if not np.isfinite(value):
+        raise ValueError(f"scale {scale} is not a finite float32")
+    return value
+
+
+def _bits(array: Any) -> Any:
+    flat = _array(array)
+    return flat if flat.dtype == np.uint16 else flat.view(np.uint16)
+
+
+def _check_dtype(name: str, array: Any, dtype: Any) -> None:
+    if np.dtype(array.dtype) != np.dtype(dtype):
+        raise ValueError(f"{name} must be {np.dtype(dtype)}, got {np.dtype(array.dtype)}")
+
+
+def _check_sizes(first: Any, second: Any) -> None:
+    if first.size != second.size:
+        raise ValueError(f"sizes differ: {first.size} and {second.size}")
+
+
+def encode_half(source: Any, wire: Any, scale: float = 1.0, residual: Any = None) -> None:
+    """Device twin of :func:`ringtrain.kernels.host.encode_half`."""
+    _encode_16(_encode_half, _encode_half_feedback, source, wire, scale, residual)
+
+
+def encode_bfloat(source: Any, wire: Any, scale: float = 1.0, residual: Any = None) -> None:
+    """Device twin of :func:`ringtrain.kernels.host.encode_bfloat`."""
+    _encode_16(_encode_bfloat, _encode_bfloat_feedback, source, wire, scale, residual)
+
+
+def _encode_16(plain: Callable, feedback: Callable, source: Any, wire: Any, scale: float,
+               residual: Any) -> None:
+    _check_dtype("source", source, np.float32)
+    stream = _stream(source)
+    flat, bits = _array(source), _bits(wire)
+    _check_sizes(flat, bits)
+    if residual is None:
+        _launch(plain, flat.size, stream, flat, bits, _float32_scale(scale))
+    else:
+        _check_dtype("residual", residual, np.float32)
+        _launch(feedback, flat.size, stream, flat, bits, _float32_scale(scale),
+                _array(residual), _float32_scale(1.0 / scale))
+
+
+def decode_half(wire: Any, out: Any, scale: float = 1.0) -> None:
+    """Device twin of :func:`ringtrain.kernels.host.decode_half`."""
+    _decode_16(_decode_half, wire, out, scale)
+
+
+def decode_bfloat(wire: Any, out: Any, scale: float = 1.0) -> None:
+    """Device twin of :func:`ringtrain.kernels.host.decode_bfloat`."""
+    _decode_16(_decode_bfloat, wire, out, scale)
+
+
+def _decode_16(kernel: Callable, wire: Any, out: Any, scale: float) -> None:
+    _check_dtype("out", out, np.float32)
+    stream = _stream(wire)
+    bits, flat = _bits(wire), _array(out)
+    _check_sizes(bits, flat)
+    _launch(kernel, flat.size, stream, bits, flat, _float32_scale(scale))
+
+
+def reduce_into(op: str, a: Any, b: Any, out: Any, encoding: str | None = None) -> None:
+    """Device twin of :func:`ringtrain.kernels.host.reduce_into`."""
+    stream = _stream(out)
+    code = OP_CODES[op]
+    if encoding == "bfloat16":
+        _launch(_reduce_bfloat, out.size, stream, _array(a), _array(b), _array(out), code)
+    elif encoding is not None:
+        raise ValueError(f"unknown encoding {encoding!r}")
+    elif np.dtype(out.dtype) == np.float16:
+        _launch(_reduce_half, out.size, stream, _bits(a), _bits(b), _bits(out), code)
+    else:
+        _launch(_reduce_native, out.size, stream, _array(a), _array(b), _array(out), code)
+
+
+def scale_into(a: Any, factor: float, out: Any) -> None:
+    """Device twin of :func:`ringtrain.kernels.host.scale_into`."""
+    stream = _stream(out)
+    flat_a, flat_out = _array(a), _array(out)
+    if factor == 1.0:
+        if _address(a) != _address(out):
+            flat_out.copy_to_device(flat_a, stream=stream)
+        return
+    _launch(_scale_kernel, flat_out.size, stream, flat_a, _scalar(factor, flat_out.dtype),
+            flat_out)
+
+
+def abs_max(values: Any) -> tuple[float, bool]:
+    """Device twin of :func:`ringtrain.kernels.host.abs_max` (waits for the result)."""
+    if np.dtype(values.dtype) not in (np.float32, np.float64):
+        raise ValueError(f"abs_max needs float32 or float64, got {np.dtype(values.dtype)}")
+    if values.size == 0:
+        return 0.0, False
+    stream = _stream(values)
+    largest = cuda.to_device(np.zeros(1, values.dtype), stream=stream)
+    nonfinite = cuda.to_device(np.zeros(1, np.int64), stream=stream)
+    _launch(_abs_max_kernel, values.size, stream, _array(values), largest, nonfinite)
+    found = largest.copy_to_host(stream=stream)
+    count = nonfinite.copy_to_host(stream=stream)
+    stream.synchronize()
+    return float(found[0]), bool(count[0])
+
+
+def empty_like(array: Any, dtype: Any) -> Any:
+    """A new uninitialised device array of ``array``'s shape and the given dtype."""
+    return cuda.device_array(tuple(array.shape), np.dtype(dtype), stream=_stream(array))
+
+
+def zeros_like(array: Any) -> Any:
+    """A new zeroed device array of ``array``'s shape and dtype."""
+    return cuda.to_device(np.zeros(tuple(array.shape), np.dtype(array.dtype)),
+                          stream=_stream(array))

@@ -1,0 +1,337 @@
+"""Host twins of the kernels: numpy arrays, ``numba.njit`` loops where numpy is slow.
+
+Plain copies and native-dtype arithmetic stay in numpy, which already runs them at
+memory speed. The 16-bit float formats go through numba loops on integer bit patterns
+(numpy's float16 casts and arithmetic are several times slower than memory): serial for
+small arrays, parallel over ``host_threads()`` threads for large ones. Compiled code is
+cached on disk (``cache=True``), so only the first run on a machine pays for the JIT.
+
+Every function here has a twin of the same name and signature in ``device``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numba
+import numpy as np
+
+from . import float_bits
+from .layout import FusionLayout
+
+PARALLEL_MIN_ELEMENTS = 1 << 17
+"""Below this many elements a parallel loop costs more in start-up than it saves."""
+
+OP_CODES = {"sum": 0, "average": 0, "min": 1, "max": 2, "product": 3}
+"""Reduction ops by name, as the compiled loops number them."""
+
+NUMPY_REDUCTIONS: dict[str, np.ufunc] = {
+    "sum": np.add,
+    "average": np.add,
+    "min": np.minimum,
+    "max": np.maximum,
+    "product": np.multiply,
+}
+"""The elementwise function that combines two ranks' values, by op name (Average sums;
+the collectives scale the sum afterwards)."""
+
+_host_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+    else (os.cpu_count() or 1)
+
+
+def set_host_threads(count: int) -> None:
+    """Use at most ``count`` threads in parallel host kernels (e.g. cores / ranks per node)."""
+    global _host_threads
+    _host_threads = max(1, min(int(count), numba.config.NUMBA_NUM_THREADS))
+
+
+def host_threads() -> int:
+    """The number of threads parallel host kernels use."""
+    return _host_threads
+
+
+def _jit(function: Callable) -> Callable:
+    return numba.njit(cache=True, nogil=True)(function)
+
+
+_half_from_float = _jit(float_bits.half_bits_from_float_bits)
+_float_from_half = _jit(float_bits.float_bits_from_half_bits)
+_bfloat_from_float = _jit(float_bits.bfloat_bits_from_float_bits)
+_float_from_bfloat = _jit(float_bits.float_bits_from_bfloat_bits)
+
+
+class _Twins:
+    """A loop compiled twice, serial and parallel, and called as the size warrants."""
+
+    def __init__(self, loop: Callable):
+        self.serial = numba.njit(cache=True, nogil=True)(loop)
+        self.parallel = numba.njit(cache=True, nogil=True, parallel=True)(loop)
+
+    def __call__(self, size: int, *args):
+        if size >= PARALLEL_MIN_ELEMENTS and _host_threads > 1:
+            numba.set_num_threads(_host_threads)
+            return self.parallel(*args)
+        return self.serial(*args)
+
+
+def _encoder(to_bits: Callable, from_bits: Callable, name: str) -> tuple[_Twins, _Twins]:
+    """The encode loops of one 16-bit format: plain, and with error feedback."""
+
+    def encode(source, wire, scale):
+        for i in numba.prange(source.size):
+            wire[i] = to_bits(np.float32(source[i] * scale).view(np.uint32))
+
+    def encode_feedback(source, wire, scale, residual, inverse):
+        for i in numba.prange(source.size):
+            value = source[i] + residual[i]
+            bits = to_bits(np.float32(value * scale).view(np.uint32))
+            wire[i] = bits
+            residual[i] = value - np.uint32(from_bits(bits)).view(np.float32) * inverse
+
+    encode.__qualname__ = f"encode_{name}"
+    encode_feedback.__qualname__ = f"encode_{name}_feedback"
+    return _Twins(encode), _Twins(encode_feedback)
+
+
+def _decoder(from_bits: Callable, name: str) -> _Twins:
+    def decode(wire, out, scale):
+        for i in numba.prange(wire.size):
+            out[i] = np.uint32(from_bits(wire[i])).view(np.float32) * scale
+
+    decode.__qualname__ = f"decode_{name}"
+    return _Twins(decode)
+
+
+def _reducer(to_bits: Callable, from_bits: Callable, name: str) -> _Twins:
+    """``out = a (op) b`` on 16-bit floats, computed in float32 and rounded once."""
+
+    def reduce(a, b, out, op):
+        if op == 0:
+            for i in numba.prange(out.size):
+                x = np.uint32(from_bits(a[i])).view(np.float32)
+                y = np.uint32(from_bits(b[i])).view(np.float32)
+                out[i] = to_bits(np.float32(x + y).view(np.uint32))
+        elif op == 3:
+            for i in numba.prange(out.size):
+                x = np.uint32(from_bits(a[i])).view(np.float32)
+                y = np.uint32(from_bits(b[i])).view(np.float32)
+                out[i] = to_bits(np.float32(x * y).view(np.uint32))
+        elif op == 1:  # min and max keep the operand's bits; a NaN wins, as in numpy
+            for i in numba.prange(out.size):
+                x = np.uint32(from_bits(a[i])).view(np.float32)
+                y = np.uint32(from_bits(b[i])).view(np.float32)
+                out[i] = a[i] if (x <= y or x != x) else b[i]
+        else:
+            for i in numba.prange(out.size):
+                x = np.uint32(from_bits(a[i])).view(np.float32)
+                y = np.uint32(from_bits(b[i])).view(np.float32)
+                out[i] = a[i] if (x >= y or x != x) else b[i]
+
+    reduce.__qualname__ = f"reduce_{name}"
+    return _Twins(reduce)
+
+
+_encode_half, _encode_half_feedback = _encoder(_half_from_float, _float_from_half, "half")
+_encode_bfloat, _encode_bfloat_feedback = _encoder(_bfloat_from_float, _float_from_bfloat,
+                                                   "bfloat")
+_decode_half = _decoder(_float_from_half, "half")
+_decode_bfloat = _decoder(_float_from_bfloat, "bfloat")
+_reduce_half = _reducer(_half_from_float, _float_from_half, "half")
+_reduce_bfloat = _reducer(_bfloat_from_float, _float_from_bfloat, "bfloat")
+
+
+def _abs_max_loop(values):
+    largest = np.float32(0.0)
+    nonfinite = 0
+    for i in numba.prange(values.size):
+        magnitude = abs(values[i])
+        if magnitude != magnitude or magnitude == math.inf:
+            nonfinite += 1
+        else:
+            largest = max(largest, magnitude)
+    return largest, nonfinite
+
+
+_abs_max = _Twins(_abs_max_loop)
+
+
+def _scale_as_float32(scale: float) -> np.float32:
+    value = np.float32(scale)
+    if not np.isfinite(value):
+        raise ValueError(f"scale {scale} is not a finite float32")
+    return value
+
+
+def _check_float32(name: str, array: np.ndarray) -> None:
+    if array.dtype != np.float32:
+        raise ValueError(f"{name} must be float32, got {array.dtype}")
+
+
+def _flat(array: np.ndarray) -> np.ndarray:
+    if not array.flags.c_contiguous:
+        raise ValueError("kernels need C-contiguous arrays")
+    return array.reshape(-1)
+
+
+def pack(layout: FusionLayout, tensors: Sequence[np.ndarray], buffer: np.ndarray,
+         scale: float = 1.0) -> None:
+    """Copy ``tensors`` into their places in ``buffer``, times ``scale``; zero the padding.
+
+    Args:
+        layout: the buffer's layout; ``tensors`` must match its shapes and dtype.
+        tensors: the arrays (any strides).
+        buffer: 1-D, ``layout.total_size`` elements of ``layout.dtype``.
+        scale: multiplies every element on the way (floating dtypes only).
+    """
+    layout.check(tensors, buffer)
+    views = layout.views(buffer)
+    for tensor, view in zip(tensors, views):
+        if scale == 1.0:
+            np.copyto(view, tensor)
+        else:
+            np.multiply(tensor, scale, out=view, casting="unsafe")
+    for start, stop in layout.padding:
+        buffer[start:stop] = 0
+
+
+def unpack(layout: FusionLayout, buffer: np.ndarray, tensors: Sequence[np.ndarray],
+           scale: float = 1.0) -> None:
+    """Copy each tensor's place in ``buffer`` into ``tensors``, times ``scale``.
+
+    Args:
+        layout: the buffer's layout.
+        buffer: 1-D, ``layout.total_size`` elements.
+        tensors: destinations (any strides), matching the layout.
+        scale: multiplies every element on the way (floating dtypes only).
+    """
+    layout.check(tensors, buffer)
+    for tensor, view in zip(tensors, layout.views(buffer)):
+        if scale == 1.0:
+            np.copyto(tensor, view)
+        else:
+            np.multiply(view, scale, out=tensor, casting="unsafe")
+
+
+def encode_half(source: np.ndarray, wire: np.ndarray, scale: float = 1.0,
+                residual: np.ndarray | None = None) -> None:
+    """``wire = float16(source * scale)``, rounding to nearest even, as numpy does.
+
+    Args:
+        source: float32, C-contiguous.
+        wire: float16 (or its uint16 bits), same size.
+        scale: multiplies before the cast (in float32).
+        residual: float32 error feedback, same size, or None. When given, ``source +
+            residual`` is encoded and ``residual`` becomes what the cast lost, in
+            ``source``'s units, ready to be added at the next step.
+    """
+    _encode_16(_encode_half, _encode_half_feedback, source, wire, scale, residual)
+
+
+def encode_bfloat(source: np.ndarray, wire: np.ndarray, scale: float = 1.0,
+                  residual: np.ndarray | None = None) -> None:
+    """``wire = bfloat16(source * scale)`` as uint16 bits; arguments as :func:`encode_half`."""
+    _encode_16(_encode_bfloat, _encode_bfloat_feedback, source, wire, scale, residual)
+
+
+def _encode_16(plain: _Twins, feedback: _Twins, source: np.ndarray, wire: np.ndarray,
+               scale: float, residual: np.ndarray | None) -> None:
+    _check_float32("source", source)
+    scale32 = _scale_as_float32(scale)
+    source, bits = _flat(source), _flat(wire).view(np.uint16)
+    if source.size != bits.size:
+        raise ValueError(f"source has {source.size} elements, wire {bits.size}")
+    if residual is None:
+        plain(source.size, source, bits, scale32)
+    else:
+        _check_float32("residual", residual)
+        inverse = _scale_as_float32(1.0 / scale)
+        feedback(source.size, source, bits, scale32, _flat(residual), inverse)
+
+
+def decode_half(wire: np.ndarray, out: np.ndarray, scale: float = 1.0) -> None:
+    """``out = float32(wire) * scale`` (exact cast, one rounding for the scale).
+
+    Args:
+        wire: float16 (or its uint16 bits), C-contiguous.
+        out: float32, same size; may not overlap ``wire``.
+        scale: multiplies after the cast.
+    """
+    _decode_16(_decode_half, wire, out, scale)
+
+
+def decode_bfloat(wire: np.ndarray, out: np.ndarray, scale: float = 1.0) -> None:
+    """``out = float32(wire) * scale`` for bfloat16 bits; arguments as :func:`decode_half`."""
+    _decode_16(_decode_bfloat, wire, out, scale)
+
+
+def _decode_16(loop: _Twins, wire: np.ndarray, out: np.ndarray, scale: float) -> None:
+    _check_float32("out", out)
+    bits, flat_out = _flat(wire).view(np.uint16), _flat(out)
+    if bits.size != flat_out.size:
+        raise ValueError(f"wire has {bits.size} elements, out {flat_out.size}")
+    loop(bits.size, bits, flat_out, _scale_as_float32(scale))
+
+
+def reduce_into(op: str, a: np.ndarray, b: np.ndarray, out: np.ndarray,
+                encoding: str | None = None) -> None:
+    """``out = a (op) b`` elementwise; ``out`` may be ``a`` or ``b``.
+
+    Args:
+        op: a key of :data:`OP_CODES` (``average`` sums).
+        a, b: operands of ``out``'s size and dtype.
+        out: destination.
+        encoding: ``"bfloat16"`` when uint16 arrays hold bfloat16 bits; None otherwise.
+            float16 and bfloat16 are computed in float32 and rounded once per element.
+    """
+    if encoding == "bfloat16":
+        _reduce_bfloat(out.size, _flat(a), _flat(b), _flat(out), OP_CODES[op])
+    elif encoding is not None:
+        raise ValueError(f"unknown encoding {encoding!r}")
+    elif out.dtype == np.float16:
+        _reduce_half(out.size, _flat(a).view(np.uint16), _flat(b).view(np.uint16),
+                     _flat(out).view(np.uint16), OP_CODES[op])
+    else:
+        NUMPY_REDUCTIONS[op](a, b, out=out)
+
+
+def scale_into(a: np.ndarray, factor: float, out: np.ndarray) -> None:
+    """``out = a * factor`` in ``out``'s dtype; a plain copy (or nothing) when factor is 1.
+
+    Args:
+        a: source, of ``out``'s shape.
+        factor: the scale.
+        out: destination; may be ``a``.
+    """
+    if factor == 1.0:
+        if out is not a:
+            np.copyto(out, a)
+        return
+    np.multiply(a, factor, out=out, casting="unsafe")
+
+
+def abs_max(values: np.ndarray) -> tuple[float, bool]:
+    """The largest finite ``|value|`` (0.0 if none), and whether any value is inf or NaN.
+
+    Args:
+        values: float32 or float64, C-contiguous.
+    """
+    flat = _flat(values)
+    if flat.dtype not in (np.float32, np.float64):
+        raise ValueError(f"abs_max needs float32 or float64, got {flat.dtype}")
+    if flat.size == 0:
+        return 0.0, False
+    largest, nonfinite = _abs_max(flat.size, flat)
+    return float(largest), bool(nonfinite)
+
+
+def empty_like(array: np.ndarray, dtype: Any) -> np.ndarray:
+    """A new uninitialised array of ``array``'s shape and the given dtype."""
+    return np.empty(array.shape, dtype)
+
+
+def zeros_like(array: np.ndarray) -> np.ndarray:
+    """A new zeroed array of ``array``'s shape and dtype."""
+    return np.zeros(array.shape, array.dtype)
