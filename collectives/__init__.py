@@ -1,5 +1,7 @@
 """Collectives over MPI for host (numpy) arrays: ringtrain's own algorithms, Horovod's names."""
 
+from ..kernels.compression import (BF16Compressor, Compression, Compressor, FP16Compressor,
+                                   NoneCompressor)
 from ._allgather import allgather, allgather_async
 from ._allreduce import (allreduce, allreduce_, allreduce_async, allreduce_async_,
                          grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
@@ -16,7 +18,8 @@ from ._world import (cross_rank, cross_size, init, is_initialized, local_rank, l
                      rank, shutdown, size)
 from .config import ALGORITHMS, Settings, configure, current_settings
 from .errors import (CommunicationError, InvalidArgumentError, MismatchError,
-                     NotInitializedError, RingtrainError, UnsupportedDtypeError)
+                     NonFiniteWarning, NotInitializedError, RingtrainError,
+                     UnsupportedDtypeError)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
@@ -30,7 +33,8 @@ __all__ = [
     "broadcast_async_", "reducescatter", "reducescatter_async", "alltoall", "alltoall_async",
     "barrier", "broadcast_object", "allgather_object",
     "Handle", "poll", "synchronize",
+    "Compression", "Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor",
     "Settings", "ALGORITHMS", "configure", "current_settings",
     "RingtrainError", "MismatchError", "InvalidArgumentError", "UnsupportedDtypeError",
-    "CommunicationError", "NotInitializedError",
+    "CommunicationError", "NotInitializedError", "NonFiniteWarning",
 ]

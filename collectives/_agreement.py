@@ -1,8 +1,9 @@
 """Agreement: before any data moves, all ranks check they called the same collective alike.
 
-Every collective starts with one recursive-doubling exchange of a 16-byte header,
-``[signature, -signature]`` combined by elementwise max, so that every rank ends with
-the largest and (minus) the smallest signature of the group. They differ exactly when
+Every collective starts with one recursive-doubling exchange of a 40-byte header of
+int64s combined by elementwise max. Its first two fields are ``[signature,
+-signature]``, so that every rank ends with the largest and (minus) the smallest
+signature of the group. They differ exactly when
 some rank's call differs, and then every rank knows it at the same moment: all of them
 gather the ranks' descriptions of their calls (pickled, on this error path only) and
 raise the same :class:`~ringtrain.MismatchError`. No data message has been sent, so the
@@ -12,7 +13,11 @@ The signature hashes everything that decides which messages follow (collective, 
 name, dtype, shape, op, root, algorithm, segment size), so a mismatch can never turn
 into a hang or a truncated message.
 
-A small allreduce rides in the same messages: header and payload travel together and
+The other three fields carry what a compressed allreduce must know of all ranks before
+it casts: the largest finite magnitude (a non-negative float64 orders like its int64
+bits) and the highest and lowest rank whose values hold inf or NaN.
+
+A small uncompressed allreduce rides in the same messages: header and payload travel together and
 are combined at each step, so the check costs no extra round trip. Receive buffers hold
 ``PAYLOAD_CAPACITY`` bytes on every rank whatever the local settings, so a rank sending
 a different size still cannot overflow its partner.
@@ -21,16 +26,19 @@ a different size still cannot overflow its partner.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..kernels import scale_into
+from ..kernels.reduction import Combine
 from . import _recursive_doubling
 from ._group import Group
 from .errors import MismatchError
 
-HEADER_BYTES = 16
+HEADER_BYTES = 40
+SIGNATURE_BYTES = 16
 PAYLOAD_CAPACITY = 128 * 1024
 """Largest allreduce payload that travels with the header (fixed: part of the protocol)."""
 
@@ -44,7 +52,7 @@ class Call:
         fields: the call's fields by name, starting with ``collective`` and ``name``;
             shown, rank by rank, in the error message.
         signature: a 62-bit digest of the fields, the same on every rank and every run.
-        header: this call's 16-byte header, ``[signature, -signature]`` as int64.
+        header: this call's signature fields, ``[signature, -signature]`` as int64.
     """
 
     __slots__ = ("fields", "signature", "header", "header_bytes")
@@ -57,6 +65,23 @@ class Call:
         self.header_bytes = self.header.tobytes()
 
 
+@dataclass(frozen=True)
+class ValueRange:
+    """What every rank learns of all ranks' values in a compressed allreduce.
+
+    Attributes:
+        abs_max: the largest finite magnitude on any rank.
+        nonfinite_ranks: ``(lowest, highest)`` rank of the group holding inf or NaN,
+            or None when no rank does.
+    """
+
+    abs_max: float
+    nonfinite_ranks: tuple[int, int] | None
+
+
+_NO_RANK = -(1 << 62)
+
+
 class _Buffers:
     """The agreement's message buffers of one group, allocated once."""
 
@@ -65,27 +90,35 @@ class _Buffers:
         self.receive = np.empty(HEADER_BYTES + PAYLOAD_CAPACITY, np.uint8)
         self.header = self.message[:HEADER_BYTES].view(np.int64)
         self.received_header = self.receive[:HEADER_BYTES].view(np.int64)
+        self.signature = self.message[:SIGNATURE_BYTES]
+        self.received_signature = self.receive[:SIGNATURE_BYTES]
 
     def combine_headers(self, _: np.ndarray | None = None) -> None:
-        """Fold the received header into ours: elementwise max of ``[sig, -sig]``."""
+        """Fold the received header into ours: elementwise max."""
         np.maximum(self.header, self.received_header, out=self.header)
 
 
 def agree(group: Group, call: Call, payload: np.ndarray | None = None,
-          ufunc: np.ufunc | None = None, result: np.ndarray | None = None,
-          prescale_factor: float = 1.0) -> None:
+          combine: Combine | None = None, result: np.ndarray | None = None,
+          prescale_factor: float = 1.0,
+          local_range: tuple[float, bool] | None = None) -> ValueRange | None:
     """Check that every rank of ``group`` made the same call; optionally allreduce a payload.
 
     Args:
         group: the ranks.
         call: what this rank was asked to do.
         payload: a 1-D contiguous array of at most ``PAYLOAD_CAPACITY`` bytes to reduce
-            with ``ufunc`` over all ranks, or None.
-        ufunc: the reduction for ``payload``.
+            with ``combine`` over all ranks, or None.
+        combine: the reduction for ``payload``.
         result: where the reduced payload goes (may be ``payload``); written only
             when the check passes.
         prescale_factor: multiplies the payload before the reduction (``payload``
             itself is left as it is).
+        local_range: this rank's largest finite magnitude and whether it holds inf or
+            NaN, to be combined over all ranks; or None.
+
+    Returns:
+        The combined :class:`ValueRange` when ``local_range`` was given, else None.
 
     Raises:
         MismatchError: on every rank, when any rank's ``call`` differs.
@@ -93,12 +126,19 @@ def agree(group: Group, call: Call, payload: np.ndarray | None = None,
     if group.size == 1:
         if payload is not None:
             scale_into(payload, prescale_factor, result)
-        return
+        if local_range is None:
+            return None
+        return ValueRange(local_range[0], (0, 0) if local_range[1] else None)
     buffers = group.state.get("agreement")
     if buffers is None:
         buffers = group.state["agreement"] = _Buffers()
     header = buffers.header
-    header[:] = call.header
+    header[:2] = call.header
+    header[2:] = (0, _NO_RANK, _NO_RANK)
+    if local_range is not None:
+        header[2] = np.float64(local_range[0]).view(np.int64)
+        if local_range[1]:
+            header[3:] = (group.rank, -group.rank)
     if payload is None:
         _recursive_doubling.exchange(group, buffers.message[:HEADER_BYTES], buffers.receive,
                                      buffers.combine_headers)
@@ -108,19 +148,23 @@ def agree(group: Group, call: Call, payload: np.ndarray | None = None,
         scale_into(payload, prescale_factor, data)
         received = buffers.receive[HEADER_BYTES:end].view(payload.dtype)
 
-        def combine(_: np.ndarray) -> None:
+        def fold(_: np.ndarray) -> None:
             # Unequal headers mean unequal calls: the payloads may differ even in size.
-            if buffers.received_header.tobytes() == header.tobytes():
-                ufunc(data, received, out=data)
+            if buffers.received_signature.tobytes() == buffers.signature.tobytes():
+                combine(data, received, out=data)
             else:
                 buffers.combine_headers()
 
-        _recursive_doubling.exchange(group, buffers.message[:end], buffers.receive, combine)
+        _recursive_doubling.exchange(group, buffers.message[:end], buffers.receive, fold)
     # The combined header is [max, -min] of all signatures: ours again exactly when all agree.
-    if header.tobytes() != call.header_bytes:
+    if buffers.signature.tobytes() != call.header_bytes:
         _raise_mismatch(group, call)
     if payload is not None:
         result[:] = data
+    if local_range is None:
+        return None
+    nonfinite = None if header[3] == _NO_RANK else (int(-header[4]), int(header[3]))
+    return ValueRange(float(header[2:3].view(np.float64)[0]), nonfinite)
 
 
 def _raise_mismatch(group: Group, call: Call) -> None:

@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from mpi4py import MPI
 import numpy as np
 
-from ..kernels import REDUCTION_UFUNCS
+from ..kernels import (Compression, Compressor, FusionLayout, abs_max, pack, reducer,
+                       scale_into)
+from ..kernels.reduction import Combine
 from . import _recursive_doubling, _ring
-from ._agreement import PAYLOAD_CAPACITY, Call, agree
+from ._agreement import PAYLOAD_CAPACITY, Call, ValueRange, agree
 from ._calls import check_scale_factors, execute, flat, in_place_array, input_array
 from ._executor import Handle
 from ._group import Group
-from ._native import MPI_OPS
+from ._native import MPI_OPS, sixteen_bit_op
 from ._ops import REDUCE_DTYPES, ReduceOp, check_dtype, check_op_for_dtype, resolve_op
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import allreduce_algorithm
 from .config import current_settings
+from .errors import InvalidArgumentError, NonFiniteWarning, subject
 
 Finish = Callable[[np.ndarray], None]
 
@@ -26,7 +30,8 @@ Finish = Callable[[np.ndarray], None]
 def allreduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet | None = None, *,
-              algorithm: str | None = None) -> np.ndarray:
+              algorithm: str | None = None,
+              compression: Compressor = Compression.none) -> np.ndarray:
     """Combine ``tensor`` over all ranks; return the result as a new array.
 
     Args:
@@ -39,6 +44,10 @@ def allreduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | N
         process_set: the ranks taking part (default: all).
         algorithm: ``ring``, ``recursive_doubling``, ``native`` or ``auto`` (default:
             the ``allreduce_algorithm`` setting).
+        compression: ``Compression.fp16`` or ``Compression.bf16`` send float32 tensors
+            as 16-bit floats (half the bytes; the result is float32 again, with the
+            16-bit format's precision); other dtypes travel as they are. Product is
+            refused with compression.
 
     Returns:
         A new array of ``tensor``'s shape and dtype, bit-identical on every rank.
@@ -49,47 +58,51 @@ def allreduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | N
             communication.
     """
     run = _prepare(tensor, op, name, prescale_factor, postscale_factor, process_set,
-                   algorithm, in_place=False)
+                   algorithm, compression, in_place=False)
     return execute("allreduce", name, run)
 
 
 def allreduce_(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | None = None,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet | None = None, *,
-               algorithm: str | None = None) -> np.ndarray:
+               algorithm: str | None = None,
+               compression: Compressor = Compression.none) -> np.ndarray:
     """In-place :func:`allreduce`: ``tensor`` receives the result and is returned."""
     run = _prepare(tensor, op, name, prescale_factor, postscale_factor, process_set,
-                   algorithm, in_place=True)
+                   algorithm, compression, in_place=True)
     return execute("allreduce_", name, run)
 
 
 def allreduce_async(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
                     name: str | None = None, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0, process_set: ProcessSet | None = None, *,
-                    algorithm: str | None = None) -> Handle:
+                    algorithm: str | None = None,
+                    compression: Compressor = Compression.none) -> Handle:
     """Start :func:`allreduce`; ``synchronize(handle)`` returns the new array.
 
     ``tensor`` must not be modified until the handle is complete.
     """
     run = _prepare(tensor, op, name, prescale_factor, postscale_factor, process_set,
-                   algorithm, in_place=False)
+                   algorithm, compression, in_place=False)
     return execute("allreduce", name, run, asynchronous=True)
 
 
 def allreduce_async_(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
                      name: str | None = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0, process_set: ProcessSet | None = None, *,
-                     algorithm: str | None = None) -> Handle:
+                     algorithm: str | None = None,
+                     compression: Compressor = Compression.none) -> Handle:
     """Start :func:`allreduce_`; ``tensor`` holds the result once the handle is complete."""
     run = _prepare(tensor, op, name, prescale_factor, postscale_factor, process_set,
-                   algorithm, in_place=True)
+                   algorithm, compression, in_place=True)
     return execute("allreduce_", name, run, asynchronous=True)
 
 
 def grouped_allreduce(tensors: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Average,
                       name: str | None = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0, process_set: ProcessSet | None = None, *,
-                      algorithm: str | None = None) -> list[np.ndarray]:
+                      algorithm: str | None = None,
+                      compression: Compressor = Compression.none) -> list[np.ndarray]:
     """Allreduce several arrays as one: arrays of one dtype travel in one fused buffer.
 
     Arguments as :func:`allreduce`; every rank passes the same number of arrays with the
@@ -99,17 +112,18 @@ def grouped_allreduce(tensors: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Ave
         New arrays, one per input, in order.
     """
     run = _prepare_grouped(tensors, op, name, prescale_factor, postscale_factor, process_set,
-                           algorithm, in_place=False)
+                           algorithm, compression, in_place=False)
     return execute("grouped_allreduce", name, run)
 
 
 def grouped_allreduce_(tensors: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Average,
                        name: str | None = None, prescale_factor: float = 1.0,
                        postscale_factor: float = 1.0, process_set: ProcessSet | None = None, *,
-                       algorithm: str | None = None) -> list[np.ndarray]:
+                       algorithm: str | None = None,
+                       compression: Compressor = Compression.none) -> list[np.ndarray]:
     """In-place :func:`grouped_allreduce`; returns the input arrays, now reduced."""
     run = _prepare_grouped(tensors, op, name, prescale_factor, postscale_factor, process_set,
-                           algorithm, in_place=True)
+                           algorithm, compression, in_place=True)
     return execute("grouped_allreduce_", name, run)
 
 
@@ -117,10 +131,11 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray], op: ReduceOp = Reduce
                             name: str | None = None, prescale_factor: float = 1.0,
                             postscale_factor: float = 1.0,
                             process_set: ProcessSet | None = None, *,
-                            algorithm: str | None = None) -> Handle:
+                            algorithm: str | None = None,
+                            compression: Compressor = Compression.none) -> Handle:
     """Start :func:`grouped_allreduce`; ``synchronize(handle)`` returns the list."""
     run = _prepare_grouped(tensors, op, name, prescale_factor, postscale_factor, process_set,
-                           algorithm, in_place=False)
+                           algorithm, compression, in_place=False)
     return execute("grouped_allreduce", name, run, asynchronous=True)
 
 
@@ -128,10 +143,11 @@ def grouped_allreduce_async_(tensors: Sequence[np.ndarray], op: ReduceOp = Reduc
                              name: str | None = None, prescale_factor: float = 1.0,
                              postscale_factor: float = 1.0,
                              process_set: ProcessSet | None = None, *,
-                             algorithm: str | None = None) -> Handle:
+                             algorithm: str | None = None,
+                             compression: Compressor = Compression.none) -> Handle:
     """Start :func:`grouped_allreduce_`."""
     run = _prepare_grouped(tensors, op, name, prescale_factor, postscale_factor, process_set,
-                           algorithm, in_place=True)
+                           algorithm, compression, in_place=True)
     return execute("grouped_allreduce_", name, run, asynchronous=True)
 
 
@@ -143,27 +159,61 @@ def check_reduction(array: np.ndarray, op: ReduceOp, name: str | None,
     check_scale_factors(array.dtype, prescale_factor, postscale_factor, collective, name)
 
 
+def check_compression(compression: Any, collective: str, name: str | None) -> Compressor:
+    """``compression`` if it is a compressor, else InvalidArgumentError."""
+    if not isinstance(compression, Compressor):
+        raise InvalidArgumentError(
+            f"{subject(collective, name)}: compression must be Compression.none, .fp16, "
+            f".bf16 or another Compressor, got {compression!r}")
+    return compression
+
+
+def active_compressor(compression: Compressor, dtype: np.dtype, op: ReduceOp,
+                      collective: str, name: str | None) -> Compressor | None:
+    """The compressor that will encode tensors of ``dtype``, or None when they travel as
+    they are; a product of compressed values is refused (a scale would be raised to the
+    power of the number of ranks)."""
+    if not compression.applies_to(dtype):
+        return None
+    if op is ReduceOp.Product:
+        raise InvalidArgumentError(
+            f"{subject(collective, name)}: {compression.name} compression supports Sum, "
+            f"Average, Min and Max, not Product")
+    if compression.error_feedback and name is None:
+        raise InvalidArgumentError(
+            f"{subject(collective, name)}: {compression.name} compression with error "
+            f"feedback keeps a residual per tensor name: give the tensor a name")
+    return compression
+
+
 class _Plan:
     """What one kind of allreduce call needs, validated and computed once, then reused."""
 
-    __slots__ = ("group", "settings", "op", "algorithm", "call", "finish", "ufunc")
+    __slots__ = ("group", "settings", "op", "algorithm", "call", "finish", "combine",
+                 "compressor", "wire")
 
     def __init__(self, array: np.ndarray, op: Any, name: str | None, prescale_factor: float,
                  postscale_factor: float, process_set: ProcessSet | None,
-                 algorithm: str | None, collective: str):
+                 algorithm: str | None, compression: Any, collective: str):
         self.op = resolve_op(op, collective, name)
         check_reduction(array, self.op, name, prescale_factor, postscale_factor, collective)
+        compression = check_compression(compression, collective, name)
+        self.compressor = active_compressor(compression, array.dtype, self.op, collective,
+                                            name)
+        wire_dtype = self.compressor.wire_dtype if self.compressor else array.dtype
         self.group = resolve_group(process_set, collective, name)
         self.settings = current_settings()
-        self.algorithm = allreduce_algorithm(algorithm, array.nbytes, self.group.size,
-                                             self.settings, name)
+        self.algorithm = allreduce_algorithm(algorithm, array.size * wire_dtype.itemsize,
+                                             self.group.size, self.settings, name)
         self.call = Call(collective="allreduce", name=name, op=self.op.name,
                          dtype=array.dtype, shape=array.shape, algorithm=self.algorithm,
                          segment_bytes=None if self.algorithm == "native"
-                         else self.settings.segment_bytes)
+                         else self.settings.segment_bytes, compression=compression.name)
         self.finish = finisher(self.group.size if self.op is ReduceOp.Average else 1,
                                postscale_factor)
-        self.ufunc = REDUCTION_UFUNCS[self.op.value]
+        self.combine = reducer(self.op.value, wire_dtype,
+                               self.compressor.encoding if self.compressor else None)
+        self.wire = np.empty(array.size, wire_dtype) if self.compressor else None
 
 
 _plans: dict[tuple, _Plan] = {}
@@ -172,11 +222,11 @@ _PLANS_KEPT = 1024
 
 def _plan(array: np.ndarray, op: Any, name: str | None, prescale_factor: float,
           postscale_factor: float, process_set: ProcessSet | None, algorithm: str | None,
-          collective: str) -> _Plan:
+          compression: Any, collective: str) -> _Plan:
     """The cached plan for this kind of call, rebuilt when settings or the world changed."""
     try:
         key = (collective, array.shape, array.dtype, op, name, prescale_factor,
-               postscale_factor, process_set, algorithm)
+               postscale_factor, process_set, algorithm, id(compression))
         plan = _plans.get(key)
     except TypeError:  # an unhashable argument: validation will say what is wrong
         key, plan = None, None
@@ -184,7 +234,7 @@ def _plan(array: np.ndarray, op: Any, name: str | None, prescale_factor: float,
             plan.group is resolve_group(process_set, collective, name):
         return plan
     plan = _Plan(array, op, name, prescale_factor, postscale_factor, process_set, algorithm,
-                 collective)
+                 compression, collective)
     if key is not None:
         if len(_plans) >= _PLANS_KEPT:
             _plans.clear()
@@ -194,11 +244,11 @@ def _plan(array: np.ndarray, op: Any, name: str | None, prescale_factor: float,
 
 def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
              postscale_factor: float, process_set: ProcessSet | None, algorithm: str | None,
-             in_place: bool) -> Callable[[], np.ndarray]:
+             compression: Any, in_place: bool) -> Callable[[], np.ndarray]:
     collective = "allreduce_" if in_place else "allreduce"
     array = (in_place_array if in_place else input_array)(tensor, collective, name)
     plan = _plan(array, op, name, prescale_factor, postscale_factor, process_set, algorithm,
-                 collective)
+                 compression, collective)
     group, finish = plan.group, plan.finish
     source = flat(array)
     copy_back = in_place and not array.flags.c_contiguous
@@ -210,8 +260,11 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
         result = output.reshape(-1)
 
     def run() -> np.ndarray:
-        if plan.algorithm == "recursive_doubling" and array.nbytes <= PAYLOAD_CAPACITY:
-            agree(group, plan.call, payload=source, ufunc=plan.ufunc, result=result,
+        if plan.compressor is not None:
+            _reduce_compressed(plan, collective, name, source, result, prescale_factor,
+                               postscale_factor)
+        elif plan.algorithm == "recursive_doubling" and array.nbytes <= PAYLOAD_CAPACITY:
+            agree(group, plan.call, payload=source, combine=plan.combine, result=result,
                   prescale_factor=prescale_factor)
             if finish is not None:
                 finish(result)
@@ -221,7 +274,7 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
             if prescale_factor != 1.0:
                 np.multiply(source, prescale_factor, out=result)
                 start = result
-            reduce_flat(group, plan.algorithm, start, result, plan.op, finish,
+            reduce_flat(group, plan.algorithm, start, result, plan.op, plan.combine, finish,
                         plan.settings.segment_bytes)
         if copy_back:
             output[...] = result.reshape(output.shape)
@@ -230,20 +283,57 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
     return run
 
 
+def _reduce_compressed(plan: _Plan, collective: str, name: str | None, source: np.ndarray,
+                       result: np.ndarray, prescale_factor: float,
+                       postscale_factor: float) -> None:
+    """Encode, reduce the wire buffer, decode: scales fused into the casts."""
+    compressor, group, wire = plan.compressor, plan.group, plan.wire
+    local_max, nonfinite = abs_max(source) if compressor.needs_range else (0.0, False)
+    value_range = agree(group, plan.call,
+                        local_range=(local_max * abs(prescale_factor), nonfinite))
+    if nonfinite:
+        warn_nonfinite(group, value_range, compressor, collective, name)
+    scale = compressor.scale_for(value_range.abs_max, group.size)
+    compressor.encode(source, wire, scale * prescale_factor, key=name)
+    reduce_flat(group, plan.algorithm, wire, wire, plan.op, plan.combine, None,
+                plan.settings.segment_bytes, compressor.encoding)
+    divisor = group.size if plan.op is ReduceOp.Average else 1
+    compressor.decode(wire, result, postscale_factor / (scale * divisor))
+
+
+def warn_nonfinite(group: Group, value_range: ValueRange, compressor: Compressor,
+                   collective: str, name: str | None) -> None:
+    """Say which ranks fed inf or NaN into a compressed reduction (they reach the result)."""
+    lowest, highest = (group.world_ranks[r] for r in value_range.nonfinite_ranks)
+    ranks = f"rank {lowest}" if lowest == highest else \
+        f"ranks {lowest} and {highest} (and perhaps ranks between)"
+    warnings.warn(f"{subject(collective, name)}: inf or NaN in the input of {ranks}; "
+                  f"{compressor.name} compression passes them on to the result",
+                  NonFiniteWarning, stacklevel=2)
+
+
 def reduce_flat(group: Group, algorithm: str, source: np.ndarray, result: np.ndarray,
-                op: ReduceOp, finish: Finish | None, segment_bytes: int) -> None:
-    """The data phase of an allreduce, after agreement: 1-D ``source`` into ``result``."""
+                op: ReduceOp, combine: Combine, finish: Finish | None, segment_bytes: int,
+                encoding: str | None = None) -> None:
+    """The data phase of an allreduce, after agreement: 1-D ``source`` into ``result``.
+
+    ``combine`` reduces two ranks' values (see :func:`ringtrain.kernels.reducer`);
+    ``encoding`` names a 16-bit float format stored as uint16.
+    """
     if group.size == 1 or source.size == 0:
         if result is not source:
             result[:] = source
     elif algorithm == "ring":
-        _ring.allreduce(group, source, result, REDUCTION_UFUNCS[op.value], finish,
-                        segment_bytes)
+        _ring.allreduce(group, source, result, combine, finish, segment_bytes)
         return
     elif algorithm == "recursive_doubling":
         if result is not source:
             result[:] = source
-        _recursive_doubling.allreduce(group, result, REDUCTION_UFUNCS[op.value], segment_bytes)
+        _recursive_doubling.allreduce(group, result, combine, segment_bytes)
+    elif encoding is not None or result.dtype == np.float16:
+        send = MPI.IN_PLACE if result is source else [source.view(np.uint16), MPI.UINT16_T]
+        group.comm.Allreduce(send, [result.view(np.uint16), MPI.UINT16_T],
+                             sixteen_bit_op(op, encoding))
     else:
         send = MPI.IN_PLACE if result is source else source
         group.comm.Allreduce(send, result, MPI_OPS[op])
@@ -265,51 +355,86 @@ def finisher(divisor: int, postscale_factor: float) -> Finish | None:
     return finish
 
 
+class _Fused:
+    """One dtype's share of a grouped allreduce: its tensors, layout and buffers."""
+
+    def __init__(self, members: list[int], arrays: list[np.ndarray],
+                 compressor: Compressor | None):
+        self.members = members
+        self.layout = FusionLayout.of([arrays[i] for i in members])
+        self.buffer = self.layout.empty_buffer()
+        self.compressor = compressor
+        self.wire = np.empty(self.layout.total_size, compressor.wire_dtype) \
+            if compressor else self.buffer
+
+
 def _prepare_grouped(tensors: Sequence[Any], op: Any, name: str | None,
                      prescale_factor: float, postscale_factor: float,
                      process_set: ProcessSet | None, algorithm: str | None,
-                     in_place: bool) -> Callable[[], list[np.ndarray]]:
+                     compression: Any, in_place: bool) -> Callable[[], list[np.ndarray]]:
     collective = "grouped_allreduce_" if in_place else "grouped_allreduce"
     convert = in_place_array if in_place else input_array
     arrays = [convert(t, collective, name) for t in tensors]
     op = resolve_op(op, collective, name)
     for array in arrays:
         check_reduction(array, op, name, prescale_factor, postscale_factor, collective)
+    compression = check_compression(compression, collective, name)
     group = resolve_group(process_set, collective, name)
     settings = current_settings()
     by_dtype: dict[np.dtype, list[int]] = {}
     for index, array in enumerate(arrays):
         by_dtype.setdefault(array.dtype, []).append(index)
-    fused_sizes = {dtype: sum(arrays[i].size for i in members)
-                   for dtype, members in by_dtype.items()}
-    chosen = {dtype: allreduce_algorithm(algorithm, fused_sizes[dtype] * dtype.itemsize,
-                                         group.size, settings, name) for dtype in by_dtype}
+    fused = {dtype: _Fused(members, arrays,
+                           active_compressor(compression, dtype, op, collective, name))
+             for dtype, members in by_dtype.items()}
+    chosen = {dtype: allreduce_algorithm(algorithm, part.wire.nbytes, group.size, settings,
+                                         name) for dtype, part in fused.items()}
     call = Call(collective="grouped_allreduce", name=name, op=op.name,
                 dtype=tuple(a.dtype for a in arrays), shape=tuple(a.shape for a in arrays),
                 algorithm=tuple(chosen[a.dtype] for a in arrays),
-                segment_bytes=settings.segment_bytes)
-    finish = finisher(group.size if op is ReduceOp.Average else 1, postscale_factor)
+                segment_bytes=settings.segment_bytes, compression=compression.name)
+    divisor = group.size if op is ReduceOp.Average else 1
+    compressed = [part for part in fused.values() if part.compressor is not None]
+    ranged = any(part.compressor.needs_range for part in compressed)
 
     def run() -> list[np.ndarray]:
-        agree(group, call)
+        local_max, nonfinite = 0.0, False
+        for part in fused.values():
+            pack(part.layout, [arrays[i] for i in part.members], part.buffer,
+                 prescale_factor)
+            if part.compressor is not None and part.compressor.needs_range:
+                part_max, part_nonfinite = abs_max(part.buffer)
+                local_max, nonfinite = max(local_max, part_max), nonfinite or part_nonfinite
+        value_range = agree(group, call,
+                            local_range=(local_max, nonfinite) if compressed else None)
+        if nonfinite:
+            warn_nonfinite(group, value_range, compression, collective, name)
         outputs: list[np.ndarray] = list(arrays) if in_place else [None] * len(arrays)
-        for dtype, members in by_dtype.items():
-            fused = np.empty(fused_sizes[dtype], dtype)
-            offset = 0
-            for i in members:
-                fused[offset:offset + arrays[i].size] = arrays[i].reshape(-1)
-                offset += arrays[i].size
-            if prescale_factor != 1.0:
-                np.multiply(fused, prescale_factor, out=fused)
-            reduce_flat(group, chosen[dtype], fused, fused, op, finish, settings.segment_bytes)
-            offset = 0
-            for i in members:
-                piece = fused[offset:offset + arrays[i].size].reshape(arrays[i].shape)
+        for dtype, part in fused.items():
+            scale, unpack_scale = 1.0, postscale_factor
+            if part.compressor is not None:
+                if ranged:
+                    scale = part.compressor.scale_for(value_range.abs_max, group.size)
+                part.compressor.encode(part.buffer, part.wire, scale, key=name)
+            combine = reducer(op.value, part.wire.dtype,
+                              part.compressor.encoding if part.compressor else None)
+            finish = None
+            if part.compressor is None and divisor != 1:
+                finish = finisher(divisor, 1.0)
+            reduce_flat(group, chosen[dtype], part.wire, part.wire, op, combine, finish,
+                        settings.segment_bytes,
+                        part.compressor.encoding if part.compressor else None)
+            if part.compressor is not None:
+                part.compressor.decode(part.wire, part.buffer,
+                                       postscale_factor / (scale * divisor))
+                unpack_scale = 1.0
+            views = part.layout.views(part.buffer)
+            for index, view in zip(part.members, views):
                 if in_place:
-                    arrays[i][...] = piece
-                else:
-                    outputs[i] = piece
-                offset += arrays[i].size
+                    scale_into(view, unpack_scale, arrays[index])
+                else:  # the buffer is this call's own: its views are the results
+                    scale_into(view, unpack_scale, view)
+                    outputs[index] = view
         return outputs
 
     return run

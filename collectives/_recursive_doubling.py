@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..kernels.reduction import Combine
 from ._group import Group
 
 TAG = 11
@@ -70,7 +71,7 @@ def exchange(group: Group, message: np.ndarray, receive: np.ndarray,
         comm.Send(message, rank - 1, TAG)
 
 
-def allreduce(group: Group, buffer: np.ndarray, ufunc: np.ufunc, segment_bytes: int) -> None:
+def allreduce(group: Group, buffer: np.ndarray, combine: Combine, segment_bytes: int) -> None:
     """Allreduce a 1-D array in place, one segment of at most ``segment_bytes`` at a time.
 
     Temporary memory is one segment, whatever the array's size.
@@ -83,10 +84,10 @@ def allreduce(group: Group, buffer: np.ndarray, ufunc: np.ufunc, segment_bytes: 
         piece = buffer[start:start + per_segment]
         piece_bytes = piece.view(np.uint8)
 
-        def combine(received: np.ndarray, piece=piece) -> None:
-            ufunc(piece, received.view(piece.dtype), out=piece)
+        def fold(received: np.ndarray, piece=piece) -> None:
+            combine(piece, received.view(piece.dtype), out=piece)
 
-        exchange(group, piece_bytes, receive, combine)
+        exchange(group, piece_bytes, receive, fold)
 
 
 __all__ = ["exchange", "allreduce"]

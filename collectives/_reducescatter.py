@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels import REDUCTION_UFUNCS
+from ..kernels import reducer
 from . import _ring
 from ._agreement import Call, agree
 from ._allreduce import check_reduction, finisher
@@ -73,7 +73,7 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
     rows = _ring.chunk_bounds(array.shape[0], group.size)
     bounds = [r * row for r in rows]
     finish = finisher(group.size if op is ReduceOp.Average else 1, postscale_factor)
-    ufunc = REDUCTION_UFUNCS[op.value]
+    combine = reducer(op.value, array.dtype)
 
     def run() -> np.ndarray:
         agree(group, call)
@@ -83,7 +83,7 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
         if prescale_factor != 1.0:
             source = source * np.asarray(prescale_factor, array.dtype)
         if chosen == "ring" and group.size > 1:
-            _ring.reduce_scatter(group, source, output.reshape(-1), bounds, ufunc, finish,
+            _ring.reduce_scatter(group, source, output.reshape(-1), bounds, combine, finish,
                                  settings.segment_bytes)
             return output
         if group.size == 1:

@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..kernels.reduction import Combine
 from ._group import Group
 
 REDUCE_SCATTER_TAG = 21
@@ -47,7 +48,7 @@ def chunk_bounds(count: int, parts: int) -> list[int]:
 
 
 def reduce_scatter(group: Group, source: np.ndarray, own: np.ndarray, bounds: list[int],
-                   ufunc: np.ufunc, finish: Callable[[np.ndarray], None] | None,
+                   combine: Combine, finish: Callable[[np.ndarray], None] | None,
                    segment_bytes: int) -> None:
     """Write into ``own`` the reduction over all ranks of this rank's chunk of ``source``.
 
@@ -60,7 +61,7 @@ def reduce_scatter(group: Group, source: np.ndarray, own: np.ndarray, bounds: li
         source: this rank's 1-D input (not modified unless ``own`` is a view of it).
         own: destination for chunk r (r = this rank): ``bounds[r+1] - bounds[r]`` elements.
         bounds: p+1 chunk offsets, in elements.
-        ufunc: combines two ranks' values.
+        combine: combines two ranks' values.
         finish: applied in place to each finished segment of ``own`` while it is in
             cache (the averaging division, a scale), or None.
         segment_bytes: largest message.
@@ -96,7 +97,7 @@ def reduce_scatter(group: Group, source: np.ndarray, own: np.ndarray, bounds: li
                 outgoing = partial[:b_end - b]
             else:  # the last step receives this rank's own chunk
                 outgoing = own[b - bounds[rank]:b_end - bounds[rank]]
-            ufunc(source[b:b_end], incoming, out=outgoing)
+            combine(source[b:b_end], incoming, out=outgoing)
             if step == size - 2 and finish is not None:
                 finish(outgoing)
 
@@ -118,10 +119,10 @@ def allgather(group: Group, buffer: np.ndarray, bounds: list[int]) -> None:
                       buffer[bounds[recv_chunk]:bounds[recv_chunk + 1]], left, ALLGATHER_TAG)
 
 
-def allreduce(group: Group, source: np.ndarray, result: np.ndarray, ufunc: np.ufunc,
+def allreduce(group: Group, source: np.ndarray, result: np.ndarray, combine: Combine,
               finish: Callable[[np.ndarray], None] | None, segment_bytes: int) -> None:
     """Ring allreduce of 1-D ``source`` into ``result`` (which may be ``source``)."""
     bounds = chunk_bounds(source.size, group.size)
     own = result[bounds[group.rank]:bounds[group.rank + 1]]
-    reduce_scatter(group, source, own, bounds, ufunc, finish, segment_bytes)
+    reduce_scatter(group, source, own, bounds, combine, finish, segment_bytes)
     allgather(group, result, bounds)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from mpi4py import MPI
 
+from ..kernels import set_host_threads
 from ._executor import Executor
 from ._group import Group
 from .errors import NotInitializedError, set_rank
@@ -58,6 +60,14 @@ def init(comm: MPI.Comm | None = None) -> None:
     _generation += 1
     _world = World(Group(own, world_ranks), local_comm, cross_comm, Executor(), _generation)
     set_rank(own.Get_rank())
+    # Ranks on one node share its cores: parallel host kernels take their share only.
+    set_host_threads(max(1, _usable_cores() // local_comm.Get_size()))
+
+
+def _usable_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def shutdown() -> None:

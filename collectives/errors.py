@@ -55,6 +55,10 @@ class MismatchError(RingtrainError, RuntimeError):
 _rank: int | None = None
 
 
+class NonFiniteWarning(RuntimeWarning):
+    """A compressed reduction met inf or NaN (named by rank); they reach the result."""
+
+
 def set_rank(rank: int | None) -> None:
     """Record this process's rank for error messages (``init`` sets it, ``shutdown`` clears it)."""
     global _rank

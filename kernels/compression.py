@@ -156,8 +156,11 @@ class FP16Compressor(Compressor):
         """The largest power of two keeping ``ranks * abs_max * scale`` below 2**15."""
         if not abs_max > 0.0 or not math.isfinite(abs_max):
             return 1.0
-        _, exponent = math.frexp(HALF_SUM_LIMIT / (ranks * abs_max))
         low, high = _SCALE_EXPONENTS
+        ratio = HALF_SUM_LIMIT / (ranks * abs_max)
+        if not math.isfinite(ratio):
+            return math.ldexp(1.0, high)
+        _, exponent = math.frexp(ratio)
         return math.ldexp(1.0, min(max(exponent - 1, low), high))
 
     def encode(self, source: Any, wire: Any, scale: float, key: str | None = None) -> None:

@@ -81,8 +81,12 @@ def _encoder(to_bits: Callable, from_bits: Callable, name: str) -> tuple[_Twins,
     """The encode loops of one 16-bit format: plain, and with error feedback."""
 
     def encode(source, wire, scale):
-        for i in numba.prange(source.size):
-            wire[i] = to_bits(np.float32(source[i] * scale).view(np.uint32))
+        if scale == 1:  # no product: it would quiet a signalling NaN
+            for i in numba.prange(source.size):
+                wire[i] = to_bits(np.float32(source[i]).view(np.uint32))
+        else:
+            for i in numba.prange(source.size):
+                wire[i] = to_bits(np.float32(source[i] * scale).view(np.uint32))
 
     def encode_feedback(source, wire, scale, residual, inverse):
         for i in numba.prange(source.size):
@@ -98,8 +102,12 @@ def _encoder(to_bits: Callable, from_bits: Callable, name: str) -> tuple[_Twins,
 
 def _decoder(from_bits: Callable, name: str) -> _Twins:
     def decode(wire, out, scale):
-        for i in numba.prange(wire.size):
-            out[i] = np.uint32(from_bits(wire[i])).view(np.float32) * scale
+        if scale == 1:  # no product: it would quiet a signalling NaN
+            for i in numba.prange(wire.size):
+                out[i] = np.uint32(from_bits(wire[i])).view(np.float32)
+        else:
+            for i in numba.prange(wire.size):
+                out[i] = np.uint32(from_bits(wire[i])).view(np.float32) * scale
 
     decode.__qualname__ = f"decode_{name}"
     return _Twins(decode)
@@ -165,6 +173,11 @@ def _scale_as_float32(scale: float) -> np.float32:
     return value
 
 
+def _check_scalable(dtype: np.dtype, scale: float) -> None:
+    if scale != 1.0 and dtype.kind != "f":
+        raise ValueError(f"a scale needs a floating dtype, got {dtype}")
+
+
 def _check_float32(name: str, array: np.ndarray) -> None:
     if array.dtype != np.float32:
         raise ValueError(f"{name} must be float32, got {array.dtype}")
@@ -187,6 +200,7 @@ def pack(layout: FusionLayout, tensors: Sequence[np.ndarray], buffer: np.ndarray
         scale: multiplies every element on the way (floating dtypes only).
     """
     layout.check(tensors, buffer)
+    _check_scalable(layout.dtype, scale)
     views = layout.views(buffer)
     for tensor, view in zip(tensors, views):
         if scale == 1.0:
@@ -208,6 +222,7 @@ def unpack(layout: FusionLayout, buffer: np.ndarray, tensors: Sequence[np.ndarra
         scale: multiplies every element on the way (floating dtypes only).
     """
     layout.check(tensors, buffer)
+    _check_scalable(layout.dtype, scale)
     for tensor, view in zip(tensors, layout.views(buffer)):
         if scale == 1.0:
             np.copyto(tensor, view)
@@ -247,6 +262,8 @@ def _encode_16(plain: _Twins, feedback: _Twins, source: np.ndarray, wire: np.nda
         plain(source.size, source, bits, scale32)
     else:
         _check_float32("residual", residual)
+        if residual.size != source.size:
+            raise ValueError(f"source has {source.size} elements, residual {residual.size}")
         inverse = _scale_as_float32(1.0 / scale)
         feedback(source.size, source, bits, scale32, _flat(residual), inverse)
 
@@ -287,14 +304,20 @@ def reduce_into(op: str, a: np.ndarray, b: np.ndarray, out: np.ndarray,
             float16 and bfloat16 are computed in float32 and rounded once per element.
     """
     if encoding == "bfloat16":
-        _reduce_bfloat(out.size, _flat(a), _flat(b), _flat(out), OP_CODES[op])
+        loop, dtype = _reduce_bfloat, np.dtype(np.uint16)
     elif encoding is not None:
         raise ValueError(f"unknown encoding {encoding!r}")
     elif out.dtype == np.float16:
-        _reduce_half(out.size, _flat(a).view(np.uint16), _flat(b).view(np.uint16),
-                     _flat(out).view(np.uint16), OP_CODES[op])
+        loop, dtype = _reduce_half, np.dtype(np.float16)
     else:
         NUMPY_REDUCTIONS[op](a, b, out=out)
+        return
+    for name, array in (("a", a), ("b", b), ("out", out)):
+        if array.dtype != dtype or array.size != out.size:
+            raise ValueError(f"{name} must hold {out.size} {dtype}, got {array.size} "
+                             f"{array.dtype}")
+    loop(out.size, _flat(a).view(np.uint16), _flat(b).view(np.uint16),
+         _flat(out).view(np.uint16), OP_CODES[op])
 
 
 def scale_into(a: np.ndarray, factor: float, out: np.ndarray) -> None:

@@ -30,7 +30,8 @@ class FusionLayout:
         total_size: elements in the buffer, padding included (a multiple of alignment).
         padding: ``(start, stop)`` element ranges between and after tensors.
         tasks: ``(tensor, start, count)`` rows, int64, at most ``TASK_ELEMENTS`` long,
-            covering every tensor; tensor ``-1`` marks padding. The GPU kernels split
+            covering every tensor; tensor ``-1`` marks padding (``start`` is then an
+            offset in the buffer). The GPU kernels split
             their work by these rows, one launch for the whole buffer.
     """
 
@@ -115,7 +116,8 @@ class FusionLayout:
             for start in range(0, size, TASK_ELEMENTS):
                 rows.append((tensor, start, min(TASK_ELEMENTS, size - start)))
         for start, stop in self.padding:
-            rows.append((-1, start, stop - start))
+            for first in range(start, stop, TASK_ELEMENTS):
+                rows.append((-1, first, min(TASK_ELEMENTS, stop - first)))
         return np.array(rows, np.int64).reshape(-1, 3)
 
     def __repr__(self) -> str:

@@ -1,4 +1,4 @@
-"""Single-process units: ring chunking, the executor, the reduction kernels."""
+"""Single-process units: ring chunking, the executor."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pytest
 from ringtrain.collectives import _ring
 from ringtrain.collectives._executor import Executor, Handle
 from ringtrain.collectives.errors import RingtrainError
-from ringtrain.kernels import REDUCTION_UFUNCS, reduce_into, scale_into
 
 # --------------------------------------------------------------------------- chunk_bounds
 
@@ -178,35 +177,3 @@ def test_blocking_calls_from_several_threads_never_overlap(executor):
     for h in handles:
         h.wait()
     assert not overlaps
-
-
-# --------------------------------------------------------------------------- kernels
-
-@pytest.mark.parametrize("op", sorted(REDUCTION_UFUNCS))
-@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int8, np.uint8,
-                                   np.int32, np.int64])
-def test_reduce_into(op, dtype):
-    rng = np.random.default_rng(1)
-    a = rng.integers(0, 5, 11).astype(dtype)
-    b = rng.integers(0, 5, 11).astype(dtype)
-    expected = {"sum": a + b, "average": a + b, "min": np.minimum(a, b),
-                "max": np.maximum(a, b), "product": a * b}[op]
-    out = np.empty_like(a)
-    reduce_into(op, a, b, out)
-    np.testing.assert_array_equal(out, expected)
-    reduce_into(op, a, b, a)  # out may be an operand
-    np.testing.assert_array_equal(a, expected)
-
-
-def test_scale_into():
-    a = np.arange(5, dtype=np.float32)
-    out = np.empty_like(a)
-    scale_into(a, 1.0, out)
-    np.testing.assert_array_equal(out, a)
-    scale_into(a, 0.5, out)
-    np.testing.assert_array_equal(out, a * 0.5)
-    scale_into(a, 2.0, a)
-    np.testing.assert_array_equal(a, np.arange(5, dtype=np.float32) * 2)
-    h = np.ones(3, np.float16)
-    scale_into(h, 3.0, h)
-    assert h.dtype == np.float16 and (h == 3).all()

@@ -183,6 +183,22 @@ def dtype_and_shape_mismatch_joined_by_semicolon():
 
 
 @check(min_size=2)
+def compression_mismatch():
+    """One rank compresses, the others do not: refused before any data moves."""
+    kinds = last_differs("none", "fp16")
+    compressor = {"none": rt.Compression.none, "fp16": rt.Compression.fp16}
+    for size in (8, 100_000):
+        expect_mismatch(lambda: rt.allreduce(np.ones(size, np.float32), name="c",
+                                             compression=compressor[mine(kinds)]),
+                        collective="allreduce", name="c", differences={"compression": kinds})
+    expect_mismatch(lambda: rt.grouped_allreduce([np.ones(5, np.float32)], name="c",
+                                                 compression=compressor[mine(kinds)]),
+                    collective="grouped_allreduce", name="c",
+                    differences={"compression": kinds})
+    library_still_works()
+
+
+@check(min_size=2)
 def op_mismatch():
     ops = last_differs("Sum", "Max")
     op_of = {"Sum": rt.Sum, "Max": rt.Max}
@@ -299,6 +315,7 @@ def different_collectives_allreduce_vs_broadcast():
             "op": {r: ("Sum" if r == 0 else "(absent)") for r in range(k)},
             "algorithm": {r: ("recursive_doubling" if r == 0 else "binomial") for r in range(k)},
             "segment_bytes": {r: (segment_bytes() if r == 0 else None) for r in range(k)},
+            "compression": {r: ("none" if r == 0 else "(absent)") for r in range(k)},
             "root_rank": {r: ("(absent)" if r == 0 else 0) for r in range(k)},
         })
     assert "rank 0 sent collective 'allreduce'" in str(error)
