@@ -120,17 +120,18 @@ class Compressor:
         The scale comes from this tensor alone (as if it were the only rank's).
         Tensors this compressor does not apply to are returned as they are.
         """
-        if not self.applies_to(tensor.dtype):
-            return tensor, CompressionContext(np.dtype(tensor.dtype))
+        dtype = dispatch.dtype_of(tensor)
+        if not self.applies_to(dtype):
+            return tensor, CompressionContext(dtype)
         abs_max, nonfinite = dispatch.abs_max(tensor) if self.needs_range else (0.0, False)
         scale = self.scale_for(abs_max, 1)
         wire = dispatch.empty_like(tensor, self.wire_dtype)
         self.encode(tensor, wire, scale)
-        return wire, CompressionContext(np.dtype(tensor.dtype), scale, nonfinite)
+        return wire, CompressionContext(dtype, scale, nonfinite)
 
     def decompress(self, tensor: Any, ctx: CompressionContext) -> Any:
         """Horovod's interface: undo :meth:`compress` (a new array of the original dtype)."""
-        if np.dtype(tensor.dtype) == ctx.dtype:
+        if dispatch.dtype_of(tensor) == ctx.dtype:
             return tensor
         out = dispatch.empty_like(tensor, ctx.dtype)
         self.decode(tensor, out, 1.0 / ctx.scale)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import math
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -53,6 +54,10 @@ if SIMULATED:
         raw = (ctypes.c_char * value.itemsize).from_address(
             int(address) + int(index) * value.itemsize)
         np.frombuffer(raw, value.dtype)[0] = value
+
+    def multiply_rn(x, y):
+        """``x * y`` rounded on its own."""
+        return x * y
 else:
     from numba.cuda import types
     from numba.cuda.extending import intrinsic
@@ -78,6 +83,10 @@ else:
             return context.get_dummy_value()
 
         return types.void(address, index, value), codegen
+
+    # A product that the compiler may not fuse with the add after it into one FMA
+    # (which rounds once where the host twin rounds twice).
+    from numba.cuda.libdevice import fmul_rn as multiply_rn
 
 
 def _device_function(function: Callable) -> Callable:
@@ -125,23 +134,32 @@ def _unpack_kernel(tasks, offsets, addresses, buffer, scale, scaled):
 
 def _encoder(to_bits: Callable, from_bits: Callable) -> tuple[Callable, Callable]:
     def encode(source, wire, scale):
-        for i in range(cuda.grid(1), source.size, cuda.gridsize(1)):
-            wire[i] = to_bits(np.float32(source[i] * scale).view(np.uint32))
+        if scale == 1:  # no product: it would quiet a signalling NaN, as on the host
+            for i in range(cuda.grid(1), source.size, cuda.gridsize(1)):
+                wire[i] = to_bits(np.float32(source[i]).view(np.uint32))
+        else:
+            for i in range(cuda.grid(1), source.size, cuda.gridsize(1)):
+                wire[i] = to_bits(np.float32(source[i] * scale).view(np.uint32))
 
     def encode_feedback(source, wire, scale, residual, inverse):
         for i in range(cuda.grid(1), source.size, cuda.gridsize(1)):
             value = source[i] + residual[i]
             bits = to_bits(np.float32(value * scale).view(np.uint32))
             wire[i] = bits
-            residual[i] = value - np.uint32(from_bits(bits)).view(np.float32) * inverse
+            residual[i] = value - multiply_rn(np.uint32(from_bits(bits)).view(np.float32),
+                                              inverse)
 
     return _kernel(encode), _kernel(encode_feedback)
 
 
 def _decoder(from_bits: Callable) -> Callable:
     def decode(wire, out, scale):
-        for i in range(cuda.grid(1), wire.size, cuda.gridsize(1)):
-            out[i] = np.uint32(from_bits(wire[i])).view(np.float32) * scale
+        if scale == 1:  # no product: it would quiet a signalling NaN, as on the host
+            for i in range(cuda.grid(1), wire.size, cuda.gridsize(1)):
+                out[i] = np.uint32(from_bits(wire[i])).view(np.float32)
+        else:
+            for i in range(cuda.grid(1), wire.size, cuda.gridsize(1)):
+                out[i] = np.uint32(from_bits(wire[i])).view(np.float32) * scale
 
     return _kernel(decode)
 
@@ -218,6 +236,15 @@ def _interface(array: Any) -> dict:
     return array.__cuda_array_interface__
 
 
+def _described(array: Any) -> Any:
+    """Something with ``array``'s shape and numpy dtype, as its interface gives them (the
+    array's own attributes may be missing, or not numpy's: torch's dtype, torch's size())."""
+    if SIMULATED or cuda.devicearray.is_cuda_ndarray(array):
+        return array
+    face = _interface(array)
+    return SimpleNamespace(shape=tuple(face["shape"]), dtype=np.dtype(face["typestr"]))
+
+
 def _address(array: Any) -> int:
     if SIMULATED:
         return array._ary.ctypes.data
@@ -290,7 +317,7 @@ def _tables(layout: FusionLayout, tensors: Sequence[Any], stream: Any) -> tuple:
 
 
 def _check_fits(layout: FusionLayout, tensors: Sequence[Any], buffer: Any) -> None:
-    layout.check(tensors, buffer)
+    layout.check([_described(t) for t in tensors], _described(buffer))
 
 
 def pack(layout: FusionLayout, tensors: Sequence[Any], buffer: Any,
@@ -338,8 +365,9 @@ def _bits(array: Any) -> Any:
 
 
 def _check_dtype(name: str, array: Any, dtype: Any) -> None:
-    if np.dtype(array.dtype) != np.dtype(dtype):
-        raise ValueError(f"{name} must be {np.dtype(dtype)}, got {np.dtype(array.dtype)}")
+    found = _described(array).dtype
+    if found != np.dtype(dtype):
+        raise ValueError(f"{name} must be {np.dtype(dtype)}, got {found}")
 
 
 def _check_sizes(first: Any, second: Any) -> None:
@@ -367,8 +395,11 @@ def _encode_16(plain: Callable, feedback: Callable, source: Any, wire: Any, scal
         _launch(plain, flat.size, stream, flat, bits, _float32_scale(scale))
     else:
         _check_dtype("residual", residual, np.float32)
-        _launch(feedback, flat.size, stream, flat, bits, _float32_scale(scale),
-                _array(residual), _float32_scale(1.0 / scale))
+        kept = _array(residual)
+        if kept.size != flat.size:
+            raise ValueError(f"source has {flat.size} elements, residual {kept.size}")
+        _launch(feedback, flat.size, stream, flat, bits, _float32_scale(scale), kept,
+                _float32_scale(1.0 / scale))
 
 
 def decode_half(wire: Any, out: Any, scale: float = 1.0) -> None:
@@ -393,14 +424,24 @@ def reduce_into(op: str, a: Any, b: Any, out: Any, encoding: str | None = None) 
     """Device twin of :func:`ringtrain.kernels.host.reduce_into`."""
     stream = _stream(out)
     code = OP_CODES[op]
+    flat = _array(out)
     if encoding == "bfloat16":
-        _launch(_reduce_bfloat, out.size, stream, _array(a), _array(b), _array(out), code)
+        kernel, dtype = _reduce_bfloat, np.dtype(np.uint16)
     elif encoding is not None:
         raise ValueError(f"unknown encoding {encoding!r}")
-    elif np.dtype(out.dtype) == np.float16:
-        _launch(_reduce_half, out.size, stream, _bits(a), _bits(b), _bits(out), code)
+    elif flat.dtype == np.float16:
+        kernel, dtype = _reduce_half, np.dtype(np.float16)
     else:
-        _launch(_reduce_native, out.size, stream, _array(a), _array(b), _array(out), code)
+        kernel, dtype = _reduce_native, None
+    operands = {"a": _array(a), "b": _array(b), "out": flat}
+    for name, array in operands.items():
+        if array.size != flat.size or (dtype is not None and array.dtype != dtype):
+            raise ValueError(f"{name} must hold {flat.size} {dtype or flat.dtype}, got "
+                             f"{array.size} {array.dtype}")
+    if dtype is None:
+        _launch(kernel, flat.size, stream, operands["a"], operands["b"], flat, code)
+    else:
+        _launch(kernel, flat.size, stream, _bits(a), _bits(b), _bits(out), code)
 
 
 def scale_into(a: Any, factor: float, out: Any) -> None:
@@ -417,14 +458,16 @@ def scale_into(a: Any, factor: float, out: Any) -> None:
 
 def abs_max(values: Any) -> tuple[float, bool]:
     """Device twin of :func:`ringtrain.kernels.host.abs_max` (waits for the result)."""
-    if np.dtype(values.dtype) not in (np.float32, np.float64):
-        raise ValueError(f"abs_max needs float32 or float64, got {np.dtype(values.dtype)}")
-    if values.size == 0:
+    dtype = _described(values).dtype
+    if dtype not in (np.float32, np.float64):
+        raise ValueError(f"abs_max needs float32 or float64, got {dtype}")
+    flat = _array(values)
+    if flat.size == 0:
         return 0.0, False
     stream = _stream(values)
-    largest = cuda.to_device(np.zeros(1, values.dtype), stream=stream)
+    largest = cuda.to_device(np.zeros(1, dtype), stream=stream)
     nonfinite = cuda.to_device(np.zeros(1, np.int64), stream=stream)
-    _launch(_abs_max_kernel, values.size, stream, _array(values), largest, nonfinite)
+    _launch(_abs_max_kernel, flat.size, stream, flat, largest, nonfinite)
     found = largest.copy_to_host(stream=stream)
     count = nonfinite.copy_to_host(stream=stream)
     stream.synchronize()
@@ -433,10 +476,17 @@ def abs_max(values: Any) -> tuple[float, bool]:
 
 def empty_like(array: Any, dtype: Any) -> Any:
     """A new uninitialised device array of ``array``'s shape and the given dtype."""
-    return cuda.device_array(tuple(array.shape), np.dtype(dtype), stream=_stream(array))
+    return cuda.device_array(_described(array).shape, np.dtype(dtype), stream=_stream(array))
 
 
 def zeros_like(array: Any) -> Any:
     """A new zeroed device array of ``array``'s shape and dtype."""
-    return cuda.to_device(np.zeros(tuple(array.shape), np.dtype(array.dtype)),
+    described = _described(array)
+    return cuda.to_device(np.zeros(tuple(described.shape), described.dtype),
                           stream=_stream(array))
+
+
+def dtype_of(array: Any) -> np.dtype:
+    """``array``'s numpy dtype, as its ``__cuda_array_interface__`` gives it (torch's own
+    dtype is not numpy's)."""
+    return _described(array).dtype

@@ -86,3 +86,8 @@ def empty_like(array: Any, dtype: Any) -> Any:
 def zeros_like(array: Any) -> Any:
     """A new zeroed array like ``array`` (same shape, dtype and kind)."""
     return twin_for(array).zeros_like(array)
+
+
+def dtype_of(array: Any) -> np.dtype:
+    """The numpy dtype of a host or device array (torch tensors included)."""
+    return twin_for(array).dtype_of(array)

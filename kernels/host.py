@@ -358,3 +358,8 @@ def empty_like(array: np.ndarray, dtype: Any) -> np.ndarray:
 def zeros_like(array: np.ndarray) -> np.ndarray:
     """A new zeroed array of ``array``'s shape and dtype."""
     return np.zeros(array.shape, array.dtype)
+
+
+def dtype_of(array: np.ndarray) -> np.dtype:
+    """``array``'s numpy dtype."""
+    return array.dtype

@@ -186,8 +186,8 @@ def test_decode_half_keeps_infinities_and_nan_payloads(pattern, expected):
 
 def float32_exponent_boundaries():
     """Values at, just below and just above every power of two near float16's range."""
-    steps = [0, 1, 2] + [step for k in range(1, 23) for step in (1 << k, (1 << k) - 1,
-                                                                  (1 << k) + 1)]
+    steps = [0, 1, 2] + [step for k in range(1, 23)
+                         for step in (1 << k, (1 << k) - 1, (1 << k) + 1)]
     offsets = np.array(sorted({sign * step for step in steps for sign in (1, -1)}), np.int64)
     powers = (np.arange(-28, 18, dtype=np.int64) + 127) << 23
     patterns = (powers[:, None] + offsets[None, :]).ravel()
@@ -532,8 +532,8 @@ def bfloat_combine_reference(op, a, b):
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("size", SIZES)
 def test_reduce_into_bfloat16_matches_the_reference(op, size):
-    a, b = (operand.view(np.uint16) for operand in half_operands(np.random.default_rng(size),
-                                                                  size))
+    operands = half_operands(np.random.default_rng(size), size)
+    a, b = (operand.view(np.uint16) for operand in operands)
     a[:8] = [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0x7F7F, 0x3F80, 0x0001][:min(size, 8)]
     expected = bfloat_combine_reference(op, a, b)
     for target in ("new", "a", "b"):
@@ -628,8 +628,8 @@ def test_abs_max_edge_cases():
     assert host.abs_max(np.array([np.nan, -np.inf], np.float32)) == (0.0, True)
     assert host.abs_max(np.array([-0.0, 0.0], np.float32)) == (0.0, False)
     assert host.abs_max(np.array([[1e300], [-2e300]])) == (2e300, False)
-    assert host.abs_max(np.array([3.4e38, -1e-45], np.float32)) == (float(np.float32(3.4e38)),
-                                                                     False)
+    largest = float(np.float32(3.4e38))
+    assert host.abs_max(np.array([3.4e38, -1e-45], np.float32)) == (largest, False)
     assert kernels.abs_max(np.array([-2.5, 1.0], np.float32)) == (2.5, False)
 
 

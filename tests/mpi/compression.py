@@ -115,7 +115,7 @@ def large_gradients_do_not_overflow():
 
 @check
 def other_dtypes_travel_uncompressed():
-    k, me = rt.size(), rt.rank()
+    me = rt.rank()
     for dtype in (np.float64, np.float16, np.int32):
         op = rt.Sum
         x = make_input(me, (37,), dtype, op, "passthrough")
