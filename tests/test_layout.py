@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,24 @@ def test_importing_ringtrain_or_its_launcher_does_not_start_mpi(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_kernels_import_neither_mpi_nor_cuda(tmp_path):
+    """``ringtrain.kernels`` is pure array code; ``numba.cuda`` waits for a device array."""
+    probe = ("import sys, numpy as np, ringtrain.kernels as k\n"
+             "k.reduce_into('sum', np.ones(3, np.float16), np.ones(3, np.float16),"
+             " np.empty(3, np.float16))\n"
+             "print(sorted(m for m in sys.modules if m.startswith(('mpi4py', 'numba.cuda'))))\n")
+    result = subprocess.run([sys.executable, "-I", "-c", probe], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_numba_cuda_is_imported_by_one_module_only():
+    statement = re.compile(r"^\s*(import numba\.cuda|from numba\.cuda\b"
+                           r"|from numba import .*\bcuda\b)", re.MULTILINE)
+    importing = [path.relative_to(ROOT).as_posix()
+                 for folder in SUBPACKAGES for path in sorted((ROOT / folder).rglob("*.py"))
+                 if statement.search(path.read_text())]
+    assert importing == ["kernels/device.py"], importing
