@@ -3,7 +3,8 @@
 The only module of ringtrain that imports ``numba.cuda``; nothing imports it until a
 device array is seen. Every function has a twin of the same name and signature in
 ``host`` and gives the same bits (the 16-bit float formats go through the same integer
-code, ``float_bits``).
+code, ``float_bits``), except for NaN payloads where a kernel does arithmetic: a GPU
+returns its canonical NaN there, the host the operand's.
 
 Arrays may be numba device arrays, CuPy arrays, torch CUDA tensors (``.detach()``-ed)
 or anything else with ``__cuda_array_interface__``; they must be C-contiguous. Kernels
@@ -323,24 +324,23 @@ def _check_fits(layout: FusionLayout, tensors: Sequence[Any], buffer: Any) -> No
 def pack(layout: FusionLayout, tensors: Sequence[Any], buffer: Any,
          scale: float = 1.0) -> None:
     """Device twin of :func:`ringtrain.kernels.host.pack`: one launch for all tensors."""
-    _check_fits(layout, tensors, buffer)
-    stream = _stream(buffer)
-    flat = _array(buffer)
-    tasks, offsets, addresses = _tables(layout, tensors, stream)
-    if len(layout.tasks):
-        _launch(_pack_kernel, len(layout.tasks) * THREADS_PER_BLOCK, stream, tasks, offsets,
-                addresses, flat, _scalar(scale, layout.dtype), scale != 1.0)
+    _run_tasks(_pack_kernel, layout, tensors, buffer, scale)
 
 
 def unpack(layout: FusionLayout, buffer: Any, tensors: Sequence[Any],
            scale: float = 1.0) -> None:
     """Device twin of :func:`ringtrain.kernels.host.unpack`: one launch for all tensors."""
+    _run_tasks(_unpack_kernel, layout, tensors, buffer, scale)
+
+
+def _run_tasks(kernel: Callable, layout: FusionLayout, tensors: Sequence[Any], buffer: Any,
+               scale: float) -> None:
     _check_fits(layout, tensors, buffer)
     stream = _stream(buffer)
     flat = _array(buffer)
     tasks, offsets, addresses = _tables(layout, tensors, stream)
     if len(layout.tasks):
-        _launch(_unpack_kernel, len(layout.tasks) * THREADS_PER_BLOCK, stream, tasks, offsets,
+        _launch(kernel, len(layout.tasks) * THREADS_PER_BLOCK, stream, tasks, offsets,
                 addresses, flat, _scalar(scale, layout.dtype), scale != 1.0)
 
 
