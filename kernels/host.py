@@ -11,7 +11,6 @@ Every function here has a twin of the same name and signature in ``device``.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -151,15 +150,16 @@ _reduce_half = _reducer(_half_from_float, _float_from_half, "half")
 _reduce_bfloat = _reducer(_bfloat_from_float, _float_from_bfloat, "bfloat")
 
 
-def _abs_max_loop(values):
-    largest = np.float32(0.0)
+def _abs_max_loop(bits, sign_clear, infinity, zero):
+    # On the bit patterns, |x| is an integer that orders like the float, and x is
+    # finite exactly when it is below infinity's: integer max and sum vectorise.
+    largest = zero
     nonfinite = 0
-    for i in numba.prange(values.size):
-        magnitude = abs(values[i])
-        if magnitude != magnitude or magnitude == math.inf:
-            nonfinite += 1
-        else:
-            largest = max(largest, magnitude)
+    for i in numba.prange(bits.size):
+        magnitude = bits[i] & sign_clear
+        finite = magnitude < infinity
+        largest = max(largest, magnitude if finite else zero)
+        nonfinite += 0 if finite else 1
     return largest, nonfinite
 
 
@@ -346,8 +346,12 @@ def abs_max(values: np.ndarray) -> tuple[float, bool]:
         raise ValueError(f"abs_max needs float32 or float64, got {flat.dtype}")
     if flat.size == 0:
         return 0.0, False
-    largest, nonfinite = _abs_max(flat.size, flat)
-    return float(largest), bool(nonfinite)
+    unsigned = np.dtype(f"u{flat.itemsize}")
+    ones = np.iinfo(unsigned).max
+    infinity = np.array(np.inf, flat.dtype).view(unsigned)[()]
+    largest, nonfinite = _abs_max(flat.size, flat.view(unsigned), unsigned.type(ones >> 1),
+                                  infinity, unsigned.type(0))
+    return float(np.array(largest, unsigned).view(flat.dtype)), bool(nonfinite)
 
 
 def empty_like(array: np.ndarray, dtype: Any) -> np.ndarray:

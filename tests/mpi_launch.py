@@ -100,7 +100,7 @@ def _shown(output: str) -> str:
 
 
 def run_mpi(program: str, nprocs: int, *args: str, timeout: float = DEFAULT_TIMEOUT,
-            env: Mapping[str, str] | None = None) -> str:
+            env: Mapping[str, str] | None = None, expected_status: int = 0) -> str:
     """Run ``tests/mpi/<program>.py`` on ``nprocs`` ranks; return its output.
 
     Args:
@@ -109,9 +109,10 @@ def run_mpi(program: str, nprocs: int, *args: str, timeout: float = DEFAULT_TIME
         *args: arguments for the program.
         timeout: seconds before the whole job is killed and the test fails.
         env: extra environment variables.
+        expected_status: the exit status that counts as success.
 
     Returns:
-        The combined stdout and stderr, when the program exited with status 0.
+        The combined stdout and stderr, when the program exited with ``expected_status``.
     """
     mpiexec = find_mpiexec()
     if mpiexec is None:
@@ -141,11 +142,12 @@ def run_mpi(program: str, nprocs: int, *args: str, timeout: float = DEFAULT_TIME
                     f"----- output so far (with the stacks the ranks dumped) -----\n"
                     f"{_shown(text)}", pytrace=False)
     text = output.decode(errors="replace")
-    if process.returncode != 0:
+    if process.returncode != expected_status:
         failed = [line for line in text.splitlines()
                   if " FAIL " in line or "HANG" in line or "ABORT" in line]
         summary = "\n".join(failed[:40])
-        pytest.fail(f"{label} FAILED with exit status {process.returncode} after "
+        pytest.fail(f"{label} FAILED with exit status {process.returncode} (expected "
+                    f"{expected_status}) after "
                     f"{time.monotonic() - start:.1f} s.\n"
                     f"command: {' '.join(command)}\n"
                     f"----- failures -----\n{summary}\n"

@@ -1,0 +1,11 @@
+"""``ringtrain-bench``: collective microbenchmarks in the conventions of nccl-tests.
+
+Run under MPI (``mpiexec -n 4 ringtrain-bench allreduce -b 8 -e 64M -f 4``, or
+``python -m ringtrain.collectives.bench``). Every size is measured for every requested
+algorithm in turn, ``native`` being the MPI library's own collective called directly on
+the same buffers, so a ratio column compares ringtrain with the MPI in the same run.
+"""
+
+from .cli import main
+
+__all__ = ["main"]

@@ -1,0 +1,67 @@
+"""Timing and checking: every algorithm at one size, in turn, round after round."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+from mpi4py import MPI
+
+from .cases import Call, Case
+from .options import Options
+
+INJECT_WRONG_VARIABLE = "RINGTRAIN_BENCH_INJECT_WRONG"
+"""When set to 1, rank 0 corrupts one checked element (to test that errors are caught)."""
+
+
+@dataclass
+class Measurement:
+    """One algorithm, one mode (out-of-place or in-place), one size."""
+
+    seconds: float
+    wrong: int | None
+
+
+def time_per_call(call: Call, iterations: int, comm: MPI.Comm) -> float:
+    """Seconds per call of ``call``, averaged over ``iterations`` calls and over ranks."""
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(iterations):
+        call()
+    elapsed = (time.perf_counter() - start) / iterations
+    return comm.allreduce(elapsed, MPI.SUM) / comm.Get_size()
+
+
+def measure(case: Case, options: Options) -> dict[tuple[str, bool], Measurement]:
+    """Time (and check) every requested algorithm on ``case``, out of place and in place.
+
+    Each round runs every algorithm and mode once, one after the other, so that noise
+    on a shared machine hits them alike; the median round is reported.
+    """
+    modes = (False, True) if case.in_place else (False,)
+    calls = {(algorithm, in_place): case.call(algorithm, in_place)
+             for algorithm in options.algorithms for in_place in modes}
+    for call in calls.values():
+        for _ in range(options.warmup):
+            call()
+    times: dict[tuple[str, bool], list[float]] = {key: [] for key in calls}
+    for _ in range(options.rounds):
+        for key, call in calls.items():
+            times[key].append(time_per_call(call, options.iterations, case.comm))
+    results = {}
+    for key, call in calls.items():
+        wrong = count_wrong(case, call) if options.check else None
+        results[key] = Measurement(statistics.median(times[key]), wrong)
+    return results
+
+
+def count_wrong(case: Case, call: Call) -> int:
+    """Wrong elements of one call on the check inputs, summed over ranks."""
+    case.reset()
+    case.comm.Barrier()
+    result = call().copy()
+    if os.environ.get(INJECT_WRONG_VARIABLE) == "1" and case.rank == 0 and result.size:
+        result.reshape(-1)[0] += 1
+    return case.comm.allreduce(case.wrong(result), MPI.SUM)

@@ -1,0 +1,155 @@
+"""The command line of ``ringtrain-bench``: parsed and checked before any measurement."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import ALGORITHMS, parse_size
+
+COLLECTIVES = ("allreduce", "broadcast", "allgather", "reducescatter", "alltoall")
+
+DATATYPES = {
+    "float": np.float32, "float32": np.float32,
+    "half": np.float16, "float16": np.float16,
+    "double": np.float64, "float64": np.float64,
+    "int8": np.int8, "uint8": np.uint8, "int32": np.int32, "int": np.int32,
+    "int64": np.int64,
+}
+"""Datatype names: nccl-tests' and numpy's."""
+
+OPS = ("sum", "prod", "max", "min", "avg")
+REDUCING = ("allreduce", "reducescatter")
+
+NATIVE = "native"
+"""The MPI library's own collective, called directly through mpi4py: the baseline."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """What to measure.
+
+    Attributes:
+        collective: one of :data:`COLLECTIVES`.
+        sizes: message sizes in bytes, ascending (nccl-tests' meaning per collective).
+        iterations, warmup, rounds: timed calls per round, untimed calls first, and
+            rounds per size (the median round is reported).
+        check: verify results against a reference after timing each size.
+        dtype, op, root: datatype, reduction op name, broadcast root.
+        algorithms: ringtrain algorithm names and/or ``native``, measured in turn.
+        compression: ``none``, ``fp16`` or ``bf16`` (allreduce, float32 only).
+        csv, json, plot: output files, or None.
+    """
+
+    collective: str
+    sizes: tuple[int, ...]
+    iterations: int
+    warmup: int
+    rounds: int
+    check: bool
+    dtype: np.dtype
+    op: str
+    root: int
+    algorithms: tuple[str, ...]
+    compression: str
+    csv: str | None
+    json: str | None
+    plot: str | None
+
+
+def sizes_between(minimum: int, maximum: int, factor: int) -> tuple[int, ...]:
+    """``minimum``, ``minimum * factor``, ... up to ``maximum`` (inclusive)."""
+    if minimum < 1 or maximum < minimum:
+        raise ValueError(f"need 1 <= minbytes <= maxbytes, got {minimum} and {maximum}")
+    if factor < 2:
+        raise ValueError(f"stepfactor must be at least 2, got {factor}")
+    sizes, size = [], minimum
+    while size <= maximum:
+        sizes.append(size)
+        size *= factor
+    return tuple(sizes)
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (nccl-tests' short flags)."""
+    parser = argparse.ArgumentParser(
+        prog="ringtrain-bench",
+        description="Collective microbenchmarks: time, algbw and busbw per size, with the "
+                    "MPI library's own collective ('native') measured in the same run.")
+    parser.add_argument("collective", choices=COLLECTIVES)
+    parser.add_argument("-b", "--minbytes", type=_size, default=8,
+                        help="smallest size (K/M/G suffixes, binary units; default 8)")
+    parser.add_argument("-e", "--maxbytes", type=_size, default=32 << 20,
+                        help="largest size (default 32M)")
+    parser.add_argument("-f", "--stepfactor", type=int, default=2,
+                        help="multiply the size by this much per step (default 2)")
+    parser.add_argument("-n", "--iters", type=int, default=20,
+                        help="timed calls per round (default 20)")
+    parser.add_argument("-w", "--warmup", type=int, default=5,
+                        help="untimed calls before timing (default 5)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds per size, algorithms interleaved; the median is "
+                             "reported (default 3)")
+    parser.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
+                        help="check results after timing (default 1)")
+    parser.add_argument("-d", "--datatype", choices=sorted(DATATYPES), default="float")
+    parser.add_argument("-o", "--op", choices=OPS, default="sum")
+    parser.add_argument("-r", "--root", type=int, default=0, help="broadcast root")
+    parser.add_argument("--algo", default="auto,native",
+                        help="comma-separated algorithms (auto, ring, recursive_doubling, "
+                             "pipeline, binomial, pairwise, native; default auto,native)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--compression", choices=("none", "fp16", "bf16"), default="none")
+    parser.add_argument("--csv", metavar="FILE")
+    parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--plot", metavar="FILE.png")
+    return parser
+
+
+def parse_options(argv: Sequence[str] | None = None) -> Options:
+    """Parse and check the command line; errors exit with status 2 and one line."""
+    parser = build_parser()
+    arguments = parser.parse_args(argv)
+    try:
+        sizes = sizes_between(arguments.minbytes, arguments.maxbytes, arguments.stepfactor)
+    except ValueError as error:
+        parser.error(str(error))
+    algorithms = tuple(dict.fromkeys(a.strip() for a in arguments.algo.split(",") if a.strip()))
+    offered = ALGORITHMS[arguments.collective] + (NATIVE,)
+    unknown = [a for a in algorithms if a not in offered]
+    if not algorithms or unknown:
+        parser.error(f"{arguments.collective} offers the algorithms {', '.join(offered)}; "
+                     f"got {arguments.algo!r}")
+    dtype = np.dtype(DATATYPES[arguments.datatype])
+    if arguments.collective in REDUCING and arguments.op == "avg" and dtype.kind != "f":
+        parser.error(f"avg needs a floating datatype, got {arguments.datatype}")
+    compressible = arguments.collective == "allreduce" and dtype == np.float32
+    if arguments.compression != "none" and not compressible:
+        parser.error("--compression applies to allreduce of float32 (-d float)")
+    if arguments.compression != "none" and arguments.op == "prod":
+        parser.error("--compression supports sum, avg, min and max, not prod")
+    if arguments.device == "cuda":
+        parser.error("--device cuda: ringtrain's collectives take host (numpy) buffers in "
+                     "this version; the GPU path is not available yet")
+    if arguments.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error("--plot needs matplotlib: pip install 'ringtrain[plot]'")
+    for flag, value, least in (("-n/--iters", arguments.iters, 1),
+                               ("-w/--warmup", arguments.warmup, 0),
+                               ("--rounds", arguments.rounds, 1)):
+        if value < least:
+            parser.error(f"{flag} must be at least {least}, got {value}")
+    return Options(arguments.collective, sizes, arguments.iters, arguments.warmup,
+                   arguments.rounds, bool(arguments.check), dtype, arguments.op,
+                   arguments.root, algorithms, arguments.compression, arguments.csv,
+                   arguments.json, arguments.plot)

@@ -1,0 +1,139 @@
+"""Output of ``ringtrain-bench``: the nccl-tests table, CSV, JSON and a plot."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import asdict, dataclass
+
+from .options import NATIVE
+
+
+@dataclass
+class Result:
+    """One mode (out-of-place or in-place) of one row."""
+
+    time_us: float
+    algbw: float
+    busbw: float
+    wrong: int | None
+    ratio: float | None
+
+
+@dataclass
+class Row:
+    """One size and algorithm."""
+
+    size: int
+    count: int
+    type: str
+    redop: str
+    root: int
+    algorithm: str
+    out_of_place: Result
+    in_place: Result | None
+
+
+def result(nbytes: int, seconds: float, factor: float, wrong: int | None,
+           baseline_busbw: float | None) -> Result:
+    """algbw = bytes / time, busbw = algbw * factor (GB = 1e9 bytes); ratio of busbw to
+    the baseline's, when there is one."""
+    algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
+    busbw = algbw * factor
+    ratio = busbw / baseline_busbw if baseline_busbw else None
+    return Result(seconds * 1e6, algbw, busbw, wrong, ratio)
+
+
+def header_lines(description: dict[str, str], with_ratio: bool) -> list[str]:
+    """The comment lines describing the run, and the two column-title lines."""
+    titles = f" {'time(us)':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>7}"
+    if with_ratio:
+        titles += f" {'x' + NATIVE:>8}"
+    prefix = (f"# {'size(B)':>10} {'count':>10} {'type':>7} {'redop':>6} {'root':>5} "
+              f"{'algo':>18}")
+    lines = [f"# {key}: {value}" for key, value in description.items()]
+    lines.append("#" + " " * (len(prefix) - 1)
+                 + f"{'out-of-place':>{len(titles)}} {'in-place':>{len(titles)}}")
+    lines.append(prefix + titles + " " + titles)
+    return lines
+
+
+def _mode(part: Result | None, with_ratio: bool) -> str:
+    if part is None:
+        text = f" {'n/a':>9} {'n/a':>7} {'n/a':>7} {'n/a':>7}"
+        return text + (f" {'n/a':>8}" if with_ratio else "")
+    wrong = "-" if part.wrong is None else str(part.wrong)
+    text = f" {part.time_us:>9.2f} {part.algbw:>7.3f} {part.busbw:>7.3f} {wrong:>7}"
+    if with_ratio:
+        text += f" {part.ratio:>8.2f}" if part.ratio is not None else f" {'-':>8}"
+    return text
+
+
+def format_row(row: Row, with_ratio: bool) -> str:
+    """One table line, nccl-tests' columns plus the algorithm (and ratio) columns."""
+    return (f"  {row.size:>10} {row.count:>10} {row.type:>7} {row.redop:>6} {row.root:>5} "
+            f"{row.algorithm:>18}{_mode(row.out_of_place, with_ratio)} "
+            f"{_mode(row.in_place, with_ratio)}")
+
+
+def footer_lines(rows: list[Row]) -> list[str]:
+    """Wrong values in total, and each algorithm's average bus bandwidth."""
+    wrong = sum(part.wrong or 0 for row in rows
+                for part in (row.out_of_place, row.in_place) if part is not None)
+    lines = [f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}"]
+    for algorithm in dict.fromkeys(row.algorithm for row in rows):
+        values = [part.busbw for row in rows if row.algorithm == algorithm
+                  for part in (row.out_of_place, row.in_place) if part is not None]
+        average = sum(values) / len(values) if values else 0.0
+        lines.append(f"# Avg bus bandwidth    : {average:.4f} GB/s ({algorithm})")
+    return lines
+
+
+def flat_record(row: Row) -> dict:
+    """One row as a flat dict (CSV columns)."""
+    record = {key: value for key, value in asdict(row).items()
+              if key not in ("out_of_place", "in_place")}
+    for mode, part in (("oop", row.out_of_place), ("ip", row.in_place)):
+        for key, value in (asdict(part) if part else
+                           dict.fromkeys(("time_us", "algbw", "busbw", "wrong", "ratio"))
+                           ).items():
+            record[f"{mode}_{key}"] = value
+    return record
+
+
+def write_csv(path: str, rows: list[Row]) -> None:
+    """All rows as CSV, one line per size and algorithm."""
+    records = [flat_record(row) for row in rows]
+    with open(path, "w", newline="") as stream:
+        writer = csv.DictWriter(stream, fieldnames=list(records[0]) if records else ["size"])
+        writer.writeheader()
+        writer.writerows(records)
+
+
+def write_json(path: str, description: dict[str, str], rows: list[Row]) -> None:
+    """The run's description and all rows as JSON."""
+    with open(path, "w") as stream:
+        json.dump({"run": description, "rows": [asdict(row) for row in rows]}, stream,
+                  indent=1)
+
+
+def plot(path: str, title: str, rows: list[Row]) -> None:
+    """busbw against size, one line per algorithm (out-of-place), log-log."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots(figsize=(7, 4.5))
+    for algorithm in dict.fromkeys(row.algorithm for row in rows):
+        mine = [row for row in rows if row.algorithm == algorithm]
+        axes.plot([row.size for row in mine], [row.out_of_place.busbw for row in mine],
+                  marker="o", label=algorithm)
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("size (bytes)")
+    axes.set_ylabel("bus bandwidth (GB/s)")
+    axes.set_title(title)
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    pyplot.close(figure)
