@@ -177,3 +177,13 @@ def test_an_injected_wrong_result_fails_the_run():
                      timeout=240)
     assert "FAILED" in output
     assert all(row["oop"][3] == "1" for row in parse_table(output))
+
+
+def test_plot_draws_one_line_per_algorithm(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = [report.Row(size, size // 4, "float32", "sum", -1, algorithm,
+                       report.result(size, 1e-5 * (i + 1), 1.0, 0, None), None)
+            for i, algorithm in enumerate(("ring", "native")) for size in (1024, 4096)]
+    path = tmp_path / "busbw.png"
+    report.plot(str(path), "allreduce, 2 ranks", rows)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
