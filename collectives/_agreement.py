@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels import scale_into
+from ..kernels.host import scale_into
 from ..kernels.reduction import Combine
 from . import _recursive_doubling
 from ._group import Group
@@ -80,6 +80,7 @@ class ValueRange:
 
 
 _NO_RANK = -(1 << 62)
+_NO_RANGE = np.array([0, _NO_RANK, _NO_RANK], np.int64)
 
 
 class _Buffers:
@@ -134,7 +135,7 @@ def agree(group: Group, call: Call, payload: np.ndarray | None = None,
         buffers = group.state["agreement"] = _Buffers()
     header = buffers.header
     header[:2] = call.header
-    header[2:] = (0, _NO_RANK, _NO_RANK)
+    header[2:] = _NO_RANGE
     if local_range is not None:
         header[2] = np.float64(local_range[0]).view(np.int64)
         if local_range[1]:

@@ -71,7 +71,7 @@ class Case:
         out_count = self.part if options.collective == "reducescatter" else self.count
         self.send = check_input(self.rank, send_count, options.dtype, options.op)
         self.out = np.zeros(out_count, options.dtype)
-        self.work = self.send.copy()
+        self.work = self._timing_values(self.send)
         self.compression = getattr(rt.Compression, options.compression)
 
     @property
@@ -79,8 +79,17 @@ class Case:
         """Whether the collective has an in-place form (ringtrain's ``_`` functions)."""
         return self.options.collective in ("allreduce", "broadcast")
 
+    def _timing_values(self, send: np.ndarray) -> np.ndarray:
+        # In place, a buffer is reduced again and again: values that the op maps to
+        # themselves keep it from overflowing.
+        if self.options.op in ("sum", "avg"):
+            return np.zeros_like(send)
+        if self.options.op == "prod":
+            return np.ones_like(send)
+        return send.copy()
+
     def reset(self) -> None:
-        """Put the check inputs back (in-place calls overwrite them)."""
+        """Put the check inputs into the in-place buffer (timing overwrote them)."""
         self.work[...] = self.send
         self.out[...] = 0
 

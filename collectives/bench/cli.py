@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from .options import NATIVE, Options, parse_options
+from .options import AUTO_ITERATIONS, AUTO_ROUND_BYTES, NATIVE, Options, parse_options
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -80,6 +80,8 @@ def describe(options: Options, rt: ModuleType, MPI: ModuleType,
              ranks: int) -> dict[str, str]:
     """What the header says about the run: versions, ranks, nodes, buffers, method."""
     library = MPI.Get_library_version().strip().splitlines()[0].strip()
+    calls = options.iterations or (f"{AUTO_ITERATIONS[0]}-{AUTO_ITERATIONS[1]} (enough for "
+                                   f"{AUTO_ROUND_BYTES >> 20} MiB)")
     compression = "" if options.compression == "none" else \
         f", {options.compression} compression (native uncompressed)"
     return {
@@ -88,7 +90,7 @@ def describe(options: Options, rt: ModuleType, MPI: ModuleType,
         "ranks": f"{ranks} on {rt.cross_size()} node(s)",
         "buffers": f"host memory (numpy), {options.dtype.name}{compression}",
         "method": (f"{options.warmup} warm-up calls, then {options.rounds} rounds of "
-                   f"{options.iterations} calls per algorithm, interleaved; median round; "
+                   f"{calls} calls per algorithm, interleaved; median round; "
                    f"time averaged over ranks; GB = 1e9 B; '{NATIVE}' is the MPI library's "
                    f"own collective called directly"),
     }

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from mpi4py import MPI
 
 from .cases import Call, Case
-from .options import Options
+from .options import Options, iterations_for
 
 INJECT_WRONG_VARIABLE = "RINGTRAIN_BENCH_INJECT_WRONG"
 """When set to 1, rank 0 corrupts one checked element (to test that errors are caught)."""
@@ -47,9 +47,10 @@ def measure(case: Case, options: Options) -> dict[tuple[str, bool], Measurement]
         for _ in range(options.warmup):
             call()
     times: dict[tuple[str, bool], list[float]] = {key: [] for key in calls}
+    iterations = iterations_for(options, case.count * options.dtype.itemsize)
     for _ in range(options.rounds):
         for key, call in calls.items():
-            times[key].append(time_per_call(call, options.iterations, case.comm))
+            times[key].append(time_per_call(call, iterations, case.comm))
     results = {}
     for key, call in calls.items():
         wrong = count_wrong(case, call) if options.check else None

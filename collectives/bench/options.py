@@ -25,6 +25,9 @@ DATATYPES = {
 OPS = ("sum", "prod", "max", "min", "avg")
 REDUCING = ("allreduce", "reducescatter")
 
+AUTO_ROUND_BYTES = 32 << 20
+AUTO_ITERATIONS = (20, 2000)
+
 NATIVE = "native"
 """The MPI library's own collective, called directly through mpi4py: the baseline."""
 
@@ -36,8 +39,10 @@ class Options:
     Attributes:
         collective: one of :data:`COLLECTIVES`.
         sizes: message sizes in bytes, ascending (nccl-tests' meaning per collective).
-        iterations, warmup, rounds: timed calls per round, untimed calls first, and
-            rounds per size (the median round is reported).
+        iterations: timed calls per round, or None to choose per size (see
+            :func:`iterations_for`).
+        warmup, rounds: untimed calls first, and rounds per size (the median round
+            is reported).
         check: verify results against a reference after timing each size.
         dtype, op, root: datatype, reduction op name, broadcast root.
         algorithms: ringtrain algorithm names and/or ``native``, measured in turn.
@@ -47,7 +52,7 @@ class Options:
 
     collective: str
     sizes: tuple[int, ...]
-    iterations: int
+    iterations: int | None
     warmup: int
     rounds: int
     check: bool
@@ -59,6 +64,16 @@ class Options:
     csv: str | None
     json: str | None
     plot: str | None
+
+
+def iterations_for(options: Options, nbytes: int) -> int:
+    """Timed calls per round: ``-n`` if given, else enough calls to move
+    ``AUTO_ROUND_BYTES`` (many for small messages, whose few microseconds would otherwise
+    drown in the start and end of the round), within ``AUTO_ITERATIONS``."""
+    if options.iterations is not None:
+        return options.iterations
+    low, high = AUTO_ITERATIONS
+    return max(low, min(high, AUTO_ROUND_BYTES // max(nbytes, 1)))
 
 
 def sizes_between(minimum: int, maximum: int, factor: int) -> tuple[int, ...]:
@@ -94,8 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="largest size (default 32M)")
     parser.add_argument("-f", "--stepfactor", type=int, default=2,
                         help="multiply the size by this much per step (default 2)")
-    parser.add_argument("-n", "--iters", type=int, default=20,
-                        help="timed calls per round (default 20)")
+    parser.add_argument("-n", "--iters", type=int, default=None,
+                        help="timed calls per round (default: enough to move "
+                             f"{AUTO_ROUND_BYTES >> 20} MiB, from {AUTO_ITERATIONS[0]} "
+                             f"to {AUTO_ITERATIONS[1]} calls)")
     parser.add_argument("-w", "--warmup", type=int, default=5,
                         help="untimed calls before timing (default 5)")
     parser.add_argument("--rounds", type=int, default=3,
@@ -144,7 +161,8 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
                      "this version; the GPU path is not available yet")
     if arguments.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib: pip install 'ringtrain[plot]'")
-    for flag, value, least in (("-n/--iters", arguments.iters, 1),
+    iterations = 1 if arguments.iters is None else arguments.iters
+    for flag, value, least in (("-n/--iters", iterations, 1),
                                ("-w/--warmup", arguments.warmup, 0),
                                ("--rounds", arguments.rounds, 1)):
         if value < least:
