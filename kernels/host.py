@@ -112,33 +112,49 @@ def _decoder(from_bits: Callable, name: str) -> _Twins:
     return _Twins(decode)
 
 
-def _reducer(to_bits: Callable, from_bits: Callable, name: str) -> _Twins:
-    """``out = a (op) b`` on 16-bit floats, computed in float32 and rounded once."""
+def _reducer(to_bits: Callable, from_bits: Callable, name: str) -> dict[int, tuple]:
+    """Loops for ``out = a (op) b`` on 16-bit floats, computed in float32 and rounded once,
+    by op code: ``(loop, in-place loop)``. The in-place loop serves ``out`` being ``a``:
+    the compiler vectorises a loop that writes where it reads, but not one whose output
+    may overlap its input elsewhere; and one loop per op keeps branches out of the loops."""
 
-    def reduce(a, b, out, op):
-        if op == 0:
-            for i in numba.prange(out.size):
-                x = np.uint32(from_bits(a[i])).view(np.float32)
-                y = np.uint32(from_bits(b[i])).view(np.float32)
-                out[i] = to_bits(np.float32(x + y).view(np.uint32))
-        elif op == 3:
-            for i in numba.prange(out.size):
-                x = np.uint32(from_bits(a[i])).view(np.float32)
-                y = np.uint32(from_bits(b[i])).view(np.float32)
-                out[i] = to_bits(np.float32(x * y).view(np.uint32))
-        elif op == 1:  # min and max keep the operand's bits; a NaN wins, as in numpy
-            for i in numba.prange(out.size):
-                x = np.uint32(from_bits(a[i])).view(np.float32)
-                y = np.uint32(from_bits(b[i])).view(np.float32)
-                out[i] = a[i] if (x <= y or x != x) else b[i]
-        else:
-            for i in numba.prange(out.size):
-                x = np.uint32(from_bits(a[i])).view(np.float32)
-                y = np.uint32(from_bits(b[i])).view(np.float32)
-                out[i] = a[i] if (x >= y or x != x) else b[i]
+    def add(x_bits, y_bits):
+        x = np.uint32(from_bits(x_bits)).view(np.float32)
+        y = np.uint32(from_bits(y_bits)).view(np.float32)
+        return to_bits(np.float32(x + y).view(np.uint32))
 
-    reduce.__qualname__ = f"reduce_{name}"
-    return _Twins(reduce)
+    def multiply(x_bits, y_bits):
+        x = np.uint32(from_bits(x_bits)).view(np.float32)
+        y = np.uint32(from_bits(y_bits)).view(np.float32)
+        return to_bits(np.float32(x * y).view(np.uint32))
+
+    def minimum(x_bits, y_bits):  # min and max keep an operand's bits; NaN wins, as in numpy
+        x = np.uint32(from_bits(x_bits)).view(np.float32)
+        y = np.uint32(from_bits(y_bits)).view(np.float32)
+        return x_bits if (x <= y or x != x) else y_bits
+
+    def maximum(x_bits, y_bits):
+        x = np.uint32(from_bits(x_bits)).view(np.float32)
+        y = np.uint32(from_bits(y_bits)).view(np.float32)
+        return x_bits if (x >= y or x != x) else y_bits
+
+    loops = {}
+    for code, combine in ((0, add), (3, multiply), (1, minimum), (2, maximum)):
+        step = numba.njit(cache=True, nogil=True, inline="always")(combine)
+
+        def reduce(a, b, out, step=step):
+            for i in numba.prange(out.size):
+                out[i] = step(a[i], b[i])
+
+        def reduce_in_place(target, other, step=step):
+            for i in numba.prange(target.size):
+                target[i] = step(target[i], other[i])
+
+        combine.__qualname__ = f"{combine.__name__}_{name}"
+        reduce.__qualname__ = f"reduce_{combine.__name__}_{name}"
+        reduce_in_place.__qualname__ = f"reduce_{combine.__name__}_{name}_in_place"
+        loops[code] = (_Twins(reduce), _Twins(reduce_in_place))
+    return loops
 
 
 _encode_half, _encode_half_feedback = _encoder(_half_from_float, _float_from_half, "half")
@@ -304,11 +320,11 @@ def reduce_into(op: str, a: np.ndarray, b: np.ndarray, out: np.ndarray,
             float16 and bfloat16 are computed in float32 and rounded once per element.
     """
     if encoding == "bfloat16":
-        loop, dtype = _reduce_bfloat, np.dtype(np.uint16)
+        loops, dtype = _reduce_bfloat, np.dtype(np.uint16)
     elif encoding is not None:
         raise ValueError(f"unknown encoding {encoding!r}")
     elif out.dtype == np.float16:
-        loop, dtype = _reduce_half, np.dtype(np.float16)
+        loops, dtype = _reduce_half, np.dtype(np.float16)
     else:
         NUMPY_REDUCTIONS[op](a, b, out=out)
         return
@@ -316,8 +332,12 @@ def reduce_into(op: str, a: np.ndarray, b: np.ndarray, out: np.ndarray,
         if array.dtype != dtype or array.size != out.size:
             raise ValueError(f"{name} must hold {out.size} {dtype}, got {array.size} "
                              f"{array.dtype}")
-    loop(out.size, _flat(a).view(np.uint16), _flat(b).view(np.uint16),
-         _flat(out).view(np.uint16), OP_CODES[op])
+    loop, in_place = loops[OP_CODES[op]]
+    target, first, second = (_flat(x).view(np.uint16) for x in (out, a, b))
+    if first.__array_interface__["data"] == target.__array_interface__["data"]:
+        in_place(out.size, target, second)
+    else:
+        loop(out.size, first, second, target)
 
 
 def scale_into(a: np.ndarray, factor: float, out: np.ndarray) -> None:
