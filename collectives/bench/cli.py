@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from types import ModuleType
 
+from mpi4py import MPI
+
+from ... import collectives as rt
+from . import report
+from .cases import Case, bus_factor
+from .measure import Measurement, measure
 from .options import AUTO_ITERATIONS, AUTO_ROUND_BYTES, NATIVE, Options, parse_options
 
 
@@ -15,13 +20,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     Bad arguments exit with status 2 and a one-line message before any measurement.
     """
     options = parse_options(sys.argv[1:] if argv is None else argv)
-    from mpi4py import MPI
-
-    from ... import collectives as rt
-    from . import report
-    from .cases import Case, bus_factor
-    from .measure import measure
-
     rt.init()
     comm = MPI.COMM_WORLD
     rank, ranks = comm.Get_rank(), comm.Get_size()
@@ -30,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"ringtrain-bench: error: root {options.root} is not a rank of {ranks}",
                   file=sys.stderr)
         return 2
-    description = describe(options, rt, MPI, ranks)
+    description = describe(options, ranks)
     with_ratio = NATIVE in options.algorithms and len(options.algorithms) > 1
     if rank == 0:
         print("\n".join(report.header_lines(description, with_ratio)), flush=True)
@@ -38,23 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     factor = bus_factor(options.collective, ranks)
     for nbytes in options.sizes:
         case = Case(options, nbytes, comm)
-        measured = measure(case, options)
-        size = case.count * options.dtype.itemsize
-        for algorithm in options.algorithms:
-            parts = []
-            for in_place in (False, True):
-                if (algorithm, in_place) not in measured:
-                    parts.append(None)
-                    continue
-                baseline = measured.get((NATIVE, in_place)) if with_ratio else None
-                baseline_busbw = (report.result(size, baseline.seconds, factor, None, None)
-                                  .busbw if baseline else None)
-                point = measured[(algorithm, in_place)]
-                parts.append(report.result(size, point.seconds, factor, point.wrong,
-                                           baseline_busbw))
-            row = report.Row(size, case.count, options.dtype.name, _redop(options),
-                             options.root if options.collective == "broadcast" else -1,
-                             algorithm, parts[0], parts[1])
+        for row in rows_of(case, measure(case, options), factor, with_ratio):
             rows.append(row)
             if rank == 0:
                 print(report.format_row(row, with_ratio), flush=True)
@@ -72,12 +54,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if wrong else 0
 
 
+def rows_of(case: Case, measured: dict[tuple[str, bool], Measurement], factor: float,
+            with_ratio: bool) -> list[report.Row]:
+    """The table rows of one size: one per algorithm, with both modes and the ratio to
+    ``native`` measured in the same rounds."""
+    options = case.options
+    size = case.count * options.dtype.itemsize
+    rows = []
+    for algorithm in options.algorithms:
+        parts = []
+        for in_place in (False, True):
+            point = measured.get((algorithm, in_place))
+            if point is None:
+                parts.append(None)
+                continue
+            baseline = measured.get((NATIVE, in_place)) if with_ratio else None
+            baseline_busbw = report.result(size, baseline.seconds, factor, None, None).busbw \
+                if baseline else None
+            parts.append(report.result(size, point.seconds, factor, point.wrong,
+                                       baseline_busbw))
+        rows.append(report.Row(size, case.count, options.dtype.name, _redop(options),
+                               options.root if options.collective == "broadcast" else -1,
+                               algorithm, parts[0], parts[1]))
+    return rows
+
+
 def _redop(options: Options) -> str:
     return options.op if options.collective in ("allreduce", "reducescatter") else "none"
 
 
-def describe(options: Options, rt: ModuleType, MPI: ModuleType,
-             ranks: int) -> dict[str, str]:
+def describe(options: Options, ranks: int) -> dict[str, str]:
     """What the header says about the run: versions, ranks, nodes, buffers, method."""
     library = MPI.Get_library_version().strip().splitlines()[0].strip()
     calls = options.iterations or (f"{AUTO_ITERATIONS[0]}-{AUTO_ITERATIONS[1]} (enough for "
