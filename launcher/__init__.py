@@ -7,7 +7,8 @@ naming that rank. See docs/launcher.md.
 
 Modules: ``cli`` (the command line), ``hosts`` (host lists), ``mpi_vendor`` (which
 ``mpiexec``, whose), ``command`` (the ``mpiexec`` argv per vendor), ``job`` (running
-``mpiexec``, stopping a failed job), ``rank`` (the per-rank supervisor), ``rank_env``
+``mpiexec``, stopping a failed job), ``restart`` (restarting a failed job:
+``--max-restarts``, host discovery), ``rank`` (the per-rank supervisor), ``rank_env``
 (rank identity and per-rank defaults), ``run_python`` and ``excepthook`` (the user's
 Python program and its exception hook), ``streams`` and ``report`` (output prefixes and
 exit records), ``check_build`` and ``build_probe`` (``--check-build``).

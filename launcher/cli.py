@@ -14,12 +14,16 @@ import re
 import shlex
 import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 
 from .command import CommandError, build_mpiexec_argv, python_target, rank_command
 from .hosts import Host, HostListError, parse_host_list, read_hostfile
-from .mpi_vendor import MpiexecError, query_mpiexec
+from .mpi_vendor import Mpiexec, MpiexecError, query_mpiexec
 from .rank_env import usable_cores
+from .restart import (ELASTIC_DIR_VARIABLE, RESTART_COUNT_VARIABLE, DiscoveryError,
+                      ElasticOptions, NotEnoughRanks, Placement, discover_hosts,
+                      place_on_discovered_hosts, restart_announcement, should_restart)
 
 PROG = "ringtrain-run"
 USAGE_ERROR = 2
@@ -36,6 +40,8 @@ Every rank gets OMP_NUM_THREADS (cores / ranks on its node), CUDA_VISIBLE_DEVICE
 local rank, when the node has GPUs) and PYTHONUNBUFFERED=1 unless already set. Output
 lines start with [rank]. An unhandled exception on any rank prints its traceback and
 stops the job; the exit code is the first failing rank's (128 + N for signal N).
+With --max-restarts K, a failed job is started again (up to K times) and its ranks
+resume from the state they committed with ringtrain.elastic in $RINGTRAIN_ELASTIC_DIR.
 """
 
 
@@ -56,7 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, allow_abbrev=False, epilog=EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter,
                      usage=f"{PROG} -np N [-H HOST:SLOTS,... | --hostfile FILE] "
-                           "[--env NAME=VALUE ...] COMMAND [ARGS...]\n"
+                           "[--env NAME=VALUE ...]\n"
+                           "                     [--max-restarts K] [--min-np N] [--max-np N] "
+                           "[--elastic-dir DIR]\n"
+                           "                     [--host-discovery-script PATH] "
+                           "COMMAND [ARGS...]\n"
                            f"       {PROG} --check-build",
                      description="Start a ringtrain job: COMMAND on N ranks under the "
                                  "MPI that mpi4py uses.")
@@ -72,6 +82,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="set a variable on every rank (NAME alone passes on its "
                              "value here); may be repeated")
+    elastic = parser.add_argument_group("restarts (elastic training, see ringtrain.elastic)")
+    elastic.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                         help="start a failed job again, up to K times (default 0)")
+    elastic.add_argument("--min-np", type=int, default=None, metavar="N",
+                         help="start no job with fewer than N ranks (default 1)")
+    elastic.add_argument("--max-np", type=int, default=None, metavar="N",
+                         help="start no job with more than N ranks (default: -np with a "
+                              "discovery script, else no limit)")
+    elastic.add_argument("--host-discovery-script", metavar="PATH",
+                         help="an executable printing the available hosts, HOST:SLOTS a "
+                              "line; run before every start, which gets their slots as ranks")
+    elastic.add_argument("--elastic-dir", metavar="DIR",
+                         help="where the ranks commit their state ($RINGTRAIN_ELASTIC_DIR); "
+                              "default: a temporary directory, removed at the end")
     parser.add_argument("--check-build", action="store_true",
                         help="print the versions of ringtrain, Python, mpi4py, the MPI and "
                              "the GPU libraries, the GPUs and the collectives; run nothing")
@@ -133,35 +157,119 @@ def _hosts(options: argparse.Namespace) -> list[Host]:
     return []
 
 
-def _launch(options: argparse.Namespace) -> int:
-    if options.nprocs is None:
+def elastic_options(options: argparse.Namespace) -> ElasticOptions:
+    """The restart settings of the command line, checked.
+
+    Raises:
+        UsageError: a negative ``--max-restarts``, a count below 1, ``--min-np`` above
+            ``--max-np``, ``-np`` outside them, a discovery script given with hosts or
+            not executable, or ``-np`` missing without a discovery script.
+    """
+    script = options.host_discovery_script
+    if options.max_restarts < 0:
+        raise UsageError(f"--max-restarts must be 0 or more, got {options.max_restarts}")
+    for flag, value in (("-np", options.nprocs), ("--min-np", options.min_np),
+                        ("--max-np", options.max_np)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be a positive number of ranks, got {value}")
+    if script is None and options.nprocs is None:
         raise UsageError("-np N is required: the number of ranks to start")
-    if options.nprocs < 1:
-        raise UsageError(f"-np must be a positive number of ranks, got {options.nprocs}")
+    max_np = options.max_np if options.max_np is not None or script is None else options.nprocs
+    min_np = 1 if options.min_np is None else options.min_np
+    if max_np is not None and min_np > max_np:
+        raise UsageError(f"--min-np {min_np} is more than --max-np {max_np}")
+    if script is None:
+        if options.nprocs < min_np:
+            raise UsageError(f"-np {options.nprocs} is less than --min-np {min_np}")
+        if max_np is not None and options.nprocs > max_np:
+            raise UsageError(f"-np {options.nprocs} is more than --max-np {max_np}")
+    else:
+        if options.hosts is not None or options.hostfile is not None:
+            raise UsageError("--host-discovery-script chooses the hosts: give no -H or "
+                             "--hostfile with it")
+        if not (os.path.isfile(script) and os.access(script, os.X_OK)):
+            raise UsageError(f"host discovery script {script!r} is not an executable file")
+    return ElasticOptions(options.max_restarts, min_np, max_np,
+                          None if script is None else os.path.abspath(script))
+
+
+def _placement(elastic: ElasticOptions, nprocs: int | None, hosts: list[Host],
+               restart: int) -> Placement:
+    if elastic.discovery_script is None:
+        return Placement(nprocs, tuple(hosts))
+    return place_on_discovered_hosts(discover_hosts(elastic.discovery_script, restart), elastic)
+
+
+def _launch(options: argparse.Namespace) -> int:
+    elastic = elastic_options(options)
     command = list(options.command)
     if command[:1] == ["--"]:
         command = command[1:]
     hosts = _hosts(options)
     environment = parse_environment(options.env)
-    _check_command(command, local=not hosts)
+    _check_command(command, local=not hosts and elastic.discovery_script is None)
     try:
         mpiexec = query_mpiexec()
     except MpiexecError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return ENVIRONMENT_ERROR
     try:
-        argv = build_mpiexec_argv(mpiexec.vendor, mpiexec.path, options.nprocs,
-                                  rank_command(command), hosts=hosts,
-                                  environment=environment, local_cores=usable_cores(),
-                                  as_root=hasattr(os, "geteuid") and os.geteuid() == 0)
-    except CommandError as error:
-        raise UsageError(str(error)) from None
-    if options.verbose:
-        print(f"{PROG}: {mpiexec.vendor.value} {mpiexec.version}: {shlex.join(argv)}",
-              file=sys.stderr, flush=True)
-    from .job import run_job
+        placement = _placement(elastic, options.nprocs, hosts, 0)
+    except (DiscoveryError, NotEnoughRanks) as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return ENVIRONMENT_ERROR
+    restarting = (elastic.max_restarts > 0 or elastic.discovery_script is not None
+                  or options.elastic_dir is not None)
+    created_directory = None
+    if restarting:
+        if options.elastic_dir is None:
+            created_directory = tempfile.mkdtemp(prefix="ringtrain-elastic-")
+        else:
+            os.makedirs(options.elastic_dir, exist_ok=True)
+        environment[ELASTIC_DIR_VARIABLE] = os.path.abspath(
+            options.elastic_dir or created_directory)
+    try:
+        return _run_with_restarts(options, elastic, mpiexec, command, environment, placement,
+                                  restarting)
+    finally:
+        if created_directory is not None:
+            shutil.rmtree(created_directory, ignore_errors=True)
 
-    return run_job(argv, options.nprocs)
+
+def _run_with_restarts(options: argparse.Namespace, elastic: ElasticOptions, mpiexec: Mpiexec,
+                       command: list[str], environment: dict[str, str], placement: Placement,
+                       restarting: bool) -> int:
+    from .job import print_summary, run_job_attempt
+
+    restart = 0
+    while True:
+        if restarting:
+            environment[RESTART_COUNT_VARIABLE] = str(restart)
+        try:
+            argv = build_mpiexec_argv(mpiexec.vendor, mpiexec.path, placement.nprocs,
+                                      rank_command(command), hosts=placement.hosts,
+                                      environment=environment, local_cores=usable_cores(),
+                                      as_root=hasattr(os, "geteuid") and os.geteuid() == 0)
+        except CommandError as error:
+            raise UsageError(str(error)) from None
+        if options.verbose:
+            print(f"{PROG}: {mpiexec.vendor.value} {mpiexec.version}: {shlex.join(argv)}",
+                  file=sys.stderr, flush=True)
+        result = run_job_attempt(argv, placement.nprocs)
+        if not should_restart(result, restart, elastic):
+            if result.summary is not None:
+                spent = f"; no restart left (--max-restarts {elastic.max_restarts})" \
+                    if result.exit_code != 0 and elastic.max_restarts > 0 \
+                    and result.interrupted is None else ""
+                print_summary(result.summary + spent)
+            return result.exit_code
+        restart += 1
+        try:
+            placement = _placement(elastic, placement.nprocs, list(placement.hosts), restart)
+        except (DiscoveryError, NotEnoughRanks) as error:
+            print_summary(f"{result.summary}; cannot restart: {error}")
+            return result.exit_code
+        print_summary(restart_announcement(result, placement, restart, elastic))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

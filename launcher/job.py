@@ -16,6 +16,7 @@ else ``mpiexec``'s own.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import os
 import selectors
@@ -165,6 +166,52 @@ def _summary(job: _Job, nprocs: int, returncode: int) -> tuple[str | None, int]:
     return None, 0
 
 
+@dataclasses.dataclass(frozen=True)
+class JobResult:
+    """How one ``mpiexec`` run ended.
+
+    Attributes:
+        exit_code: 0, the first failing rank's exit code, or ``mpiexec``'s.
+        summary: the launcher's last line without its ``ringtrain-run:`` prefix (None
+            when every rank succeeded).
+        first_failure: the record of the first rank that failed, if one did.
+        interrupted: the signal the launcher passed on to the job, if any.
+    """
+
+    exit_code: int
+    summary: str | None
+    first_failure: RankExit | None = None
+    interrupted: int | None = None
+
+
+def run_job_attempt(argv: Sequence[str], nprocs: int,
+                    environment: Mapping[str, str] | None = None) -> JobResult:
+    """Run the ``mpiexec`` command ``argv`` to its end, without printing the summary.
+
+    The arguments are those of :func:`run_job`.
+    """
+    process = subprocess.Popen(list(argv), env=None if environment is None else dict(environment),
+                               stderr=subprocess.PIPE, preexec_fn=_start_session)
+    job = _Job(process)
+    previous = {signum: signal.signal(signum, job.forward) for signum in FORWARDED_SIGNALS}
+    try:
+        _pump(job, process.stderr.fileno())
+        returncode = process.wait()
+    finally:
+        process.stderr.close()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    message, code = _summary(job, nprocs, returncode)
+    failures = [record for record in job.records if record.failed]
+    return JobResult(code, message, failures[0] if failures else None, job.interrupted)
+
+
+def print_summary(message: str) -> None:
+    """Write the launcher's line ``ringtrain-run: MESSAGE`` to stderr, after the job's output."""
+    sys.stderr.flush()
+    write_all(2, f"ringtrain-run: {message}\n".encode())
+
+
 def run_job(argv: Sequence[str], nprocs: int,
             environment: Mapping[str, str] | None = None) -> int:
     """Run the ``mpiexec`` command ``argv``; return the job's exit code.
@@ -179,19 +226,7 @@ def run_job(argv: Sequence[str], nprocs: int,
         0 when every rank succeeded; the first failing rank's exit code (``128 + N``
         for a signal N); otherwise ``mpiexec``'s exit code.
     """
-    process = subprocess.Popen(list(argv), env=None if environment is None else dict(environment),
-                               stderr=subprocess.PIPE, preexec_fn=_start_session)
-    job = _Job(process)
-    previous = {signum: signal.signal(signum, job.forward) for signum in FORWARDED_SIGNALS}
-    try:
-        _pump(job, process.stderr.fileno())
-        returncode = process.wait()
-    finally:
-        process.stderr.close()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    message, code = _summary(job, nprocs, returncode)
-    if message is not None:
-        sys.stderr.flush()
-        write_all(2, f"ringtrain-run: {message}\n".encode())
-    return code
+    result = run_job_attempt(argv, nprocs, environment)
+    if result.summary is not None:
+        print_summary(result.summary)
+    return result.exit_code

@@ -14,7 +14,7 @@ try:
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0+unknown"
 
-_SUBPACKAGES = ("collectives", "kernels", "trainer", "launcher")
+_SUBPACKAGES = ("collectives", "kernels", "trainer", "launcher", "elastic")
 
 
 def __getattr__(name: str) -> Any:

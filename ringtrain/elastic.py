@@ -1,0 +1,8 @@
+"""``ringtrain.elastic``: restart-based elastic training (see :mod:`ringtrain.trainer.elastic`)."""
+
+from ringtrain.trainer.elastic import (CHECKPOINT_NAME, ELASTIC_DIR_VARIABLE,
+                                       RESTART_COUNT_VARIABLE, ElasticError, State,
+                                       restart_count, run, write_atomically)
+
+__all__ = ["State", "run", "restart_count", "write_atomically", "ElasticError",
+           "ELASTIC_DIR_VARIABLE", "RESTART_COUNT_VARIABLE", "CHECKPOINT_NAME"]

@@ -1,0 +1,266 @@
+"""Restart-based elastic training: commit the training state, restore it after a restart.
+
+Under ``ringtrain-run --max-restarts K``, a job in which a rank fails is started again
+from the beginning, possibly with a different number of ranks. The training script
+keeps what it must not lose in a :class:`State` and calls :meth:`State.commit` at points
+where every rank agrees (e.g. after each step); after a restart, :meth:`State.restore`
+(called by :func:`run`) gives every rank the last committed values, and training goes on
+from there::
+
+    import ringtrain as rt
+    from ringtrain import elastic
+
+    state = elastic.State(epoch=0, weights=np.zeros(10), optimizer=my_optimizer)
+
+    @elastic.run
+    def train(state):
+        while state.epoch < 5:
+            ...                       # rt.allreduce(...) of the gradients
+            state.epoch += 1
+            state.commit()
+        return state.weights
+
+    weights = train(state)
+
+Rank 0 writes the checkpoint: one pickle file, ``state.pkl``, in the directory given as
+``State(directory=...)``, else in ``$RINGTRAIN_ELASTIC_DIR`` (set by the launcher). The
+values are taken as equal on every rank (data-parallel training), so only rank 0's are
+saved.
+
+``import ringtrain.elastic`` (or ``from ringtrain import elastic``) imports neither
+mpi4py nor the collectives; they are imported when a :class:`State` is first committed
+or restored.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+import tempfile
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+ELASTIC_DIR_VARIABLE = "RINGTRAIN_ELASTIC_DIR"
+RESTART_COUNT_VARIABLE = "RINGTRAIN_RESTART_COUNT"
+CHECKPOINT_NAME = "state.pkl"
+_FORMAT = 1
+
+Result = TypeVar("Result")
+
+
+class ElasticError(RuntimeError):
+    """A checkpoint that cannot be written or read; the message names the file."""
+
+
+def restart_count() -> int:
+    """How many times the launcher has restarted this job (0 on the first start, and
+    outside ``ringtrain-run``)."""
+    try:
+        return int(os.environ.get(RESTART_COUNT_VARIABLE, "0"))
+    except ValueError:
+        return 0
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """Put ``data`` at ``path`` so that a reader sees the old file or the new, never part.
+
+    The bytes go to a temporary file in the same directory, which is flushed, synced and
+    renamed onto ``path`` (``os.replace``, atomic on POSIX); then the directory is
+    synced, so the rename survives a crash of the machine too.
+
+    Raises:
+        OSError: the file cannot be written; ``path`` is left as it was and the
+            temporary file is removed.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.",
+                                             suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+    directory_descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(directory_descriptor)
+    finally:
+        os.close(directory_descriptor)
+
+
+def _has_state_dict(value: Any) -> bool:
+    return callable(getattr(value, "state_dict", None)) and callable(
+        getattr(value, "load_state_dict", None))
+
+
+class State:
+    """The values a training run must not lose: attributes saved by :meth:`commit`.
+
+    ``State(epoch=0, step=0, model=model, optimizer=optimizer)``: every keyword becomes
+    an attribute (``state.epoch``, ``state.epoch = 3``); attributes assigned later are
+    saved too. An object with ``state_dict()`` and ``load_state_dict()`` (a PyTorch
+    module or optimizer, or any class of yours) is saved through them and restored into
+    the same object; any other value (numbers, numpy arrays, dicts, ...) must be
+    picklable and is replaced by the saved copy on restore, so read it from the state
+    again after :meth:`restore`.
+
+    Args:
+        directory: where the checkpoint file lives; default ``$RINGTRAIN_ELASTIC_DIR``.
+            With neither, :meth:`commit` saves nothing (it warns once) and
+            :meth:`restore` finds nothing.
+        **values: the initial values.
+    """
+
+    def __init__(self, *, directory: str | None = None, **values: Any) -> None:
+        object.__setattr__(self, "_values", dict(values))
+        object.__setattr__(self, "_directory",
+                           directory or os.environ.get(ELASTIC_DIR_VARIABLE) or None)
+        object.__setattr__(self, "_warned", False)
+
+    def __getattr__(self, name: str) -> Any:
+        values = self.__dict__["_values"]
+        if name in values:
+            return values[name]
+        raise AttributeError(f"State has no value {name!r}; it holds {sorted(values)}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):
+            raise AttributeError(f"State values cannot start with '_': {name!r}")
+        self._values[name] = value
+
+    def __repr__(self) -> str:
+        return f"State({', '.join(sorted(self._values))})"
+
+    @property
+    def checkpoint_path(self) -> str | None:
+        """The checkpoint file, or None when no directory was given."""
+        if self._directory is None:
+            return None
+        return os.path.join(self._directory, CHECKPOINT_NAME)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The values as they are saved: ``state_dict()`` for objects that have one."""
+        saved = {}
+        for name, value in self._values.items():
+            if _has_state_dict(value):
+                saved[name] = ("state_dict", value.state_dict())
+            else:
+                saved[name] = ("value", value)
+        return {"format": _FORMAT, "values": saved}
+
+    def load_snapshot(self, snapshot: dict[str, Any]) -> None:
+        """Take the values of a :meth:`snapshot` (objects with ``load_state_dict`` load
+        theirs; other values are replaced)."""
+        for name, (kind, saved) in snapshot["values"].items():
+            current = self._values.get(name)
+            if kind == "state_dict" and _has_state_dict(current):
+                current.load_state_dict(saved)
+            else:
+                self._values[name] = saved
+
+    def commit(self) -> None:
+        """Save the state; return on every rank once it is on disk.
+
+        Rank 0 writes the checkpoint atomically (:func:`write_atomically`); then it
+        tells every rank whether that worked, so no rank goes on before the commit is
+        durable, and a failed write raises on every rank. Every rank must call it.
+
+        Raises:
+            ElasticError: the checkpoint could not be written (on every rank).
+        """
+        from .. import collectives
+
+        collectives.init()
+        error = None
+        if collectives.rank() == 0:
+            error = self._write()
+        error = collectives.broadcast_object(error, root_rank=0, name="elastic.commit")
+        if error is not None:
+            raise ElasticError(error)
+
+    def _write(self) -> str | None:
+        path = self.checkpoint_path
+        if path is None:
+            if not self._warned:
+                object.__setattr__(self, "_warned", True)
+                warnings.warn(f"no checkpoint directory (State(directory=...) or "
+                              f"${ELASTIC_DIR_VARIABLE}): commits are not saved", stacklevel=3)
+            return None
+        try:
+            data = pickle.dumps(self.snapshot(), protocol=pickle.HIGHEST_PROTOCOL)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            write_atomically(path, data)
+        except Exception as error:  # reported to every rank, raised there
+            return f"cannot commit the elastic state to {path}: {type(error).__name__}: {error}"
+        return None
+
+    def restore(self) -> bool:
+        """Load the last commit, if there is one, on every rank.
+
+        Rank 0 reads the checkpoint and broadcasts it; every rank loads it. Every rank
+        must call it.
+
+        Returns:
+            Whether a commit was found and loaded.
+
+        Raises:
+            ElasticError: the checkpoint exists but cannot be read (on every rank).
+        """
+        from .. import collectives
+
+        collectives.init()
+        found: tuple[str, Any] = ("none", None)
+        if collectives.rank() == 0:
+            found = self._read()
+        kind, payload = collectives.broadcast_object(found, root_rank=0, name="elastic.restore")
+        if kind == "error":
+            raise ElasticError(payload)
+        if kind == "none":
+            return False
+        self.load_snapshot(payload)
+        return True
+
+    def _read(self) -> tuple[str, Any]:
+        path = self.checkpoint_path
+        if path is None or not os.path.exists(path):
+            return "none", None
+        try:
+            with open(path, "rb") as handle:
+                snapshot = pickle.load(handle)
+            if not isinstance(snapshot, dict) or snapshot.get("format") != _FORMAT:
+                raise ValueError("not a ringtrain elastic checkpoint")
+        except Exception as error:
+            return "error", f"cannot restore the elastic state from {path}: " \
+                            f"{type(error).__name__}: {error}"
+        return "snapshot", snapshot
+
+
+def run(train: Callable[[State], Result]) -> Callable[[State], Result]:
+    """Wrap a training function: ``run(train)(state)`` (or ``@run`` on ``train``).
+
+    The wrapper starts ringtrain (``ringtrain.init()``) if it has not been, restores
+    the state's last commit (if any) on every rank, then calls ``train(state)`` and
+    returns what it returns.
+    """
+
+    @functools.wraps(train)
+    def restored_and_run(state: State) -> Result:
+        from .. import collectives
+
+        collectives.init()
+        state.restore()
+        return train(state)
+
+    return restored_and_run
+
+
+__all__ = ["State", "run", "restart_count", "write_atomically", "ElasticError",
+           "ELASTIC_DIR_VARIABLE", "RESTART_COUNT_VARIABLE", "CHECKPOINT_NAME"]
