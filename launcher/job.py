@@ -15,7 +15,6 @@ else ``mpiexec``'s own.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import errno
 import os
@@ -26,6 +25,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
+from .parent_death import signal_on_parent_death
 from .report import RankExit, describe, describe_exit
 from .streams import RecordFilter, write_all
 
@@ -33,20 +33,13 @@ FAILURE_GRACE = 2.0
 TERMINATE_GRACE = 3.0
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 READ_SIZE = 65536
-_PR_SET_PDEATHSIG = 1
-
-try:
-    _libc: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
-except OSError:
-    _libc = None
 
 
 def _start_session() -> None:
     """In ``mpiexec``, before exec: its own session (terminal signals come through the
     launcher, once), and ``SIGTERM`` if the launcher dies, so the job never outlives it."""
     os.setsid()
-    if _libc is not None and hasattr(_libc, "prctl"):
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    signal_on_parent_death(signal.SIGTERM)
 
 
 class _Job:

@@ -29,7 +29,6 @@ ended; if the supervisor is killed, the kernel kills the child (``PR_SET_PDEATHS
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import json
 import os
@@ -42,6 +41,7 @@ from collections.abc import Sequence
 
 from .excepthook import REPORT_FD_VARIABLE
 from .rank_env import nvidia_gpus, rank_defaults, rank_identity, usable_cores
+from .parent_death import signal_on_parent_death
 from .report import RankExit, encode
 from .streams import LinePrefixer, write_all
 
@@ -54,18 +54,11 @@ PARTIAL_LINE_DELAY = 0.2
 """Seconds a line without its end waits for more before it is passed on as it is."""
 READ_SIZE = 65536
 COMMAND_NOT_RUN = 127
-_PR_SET_PDEATHSIG = 1
-
-try:
-    _libc: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
-except OSError:
-    _libc = None
 
 
 def _die_with_parent() -> None:
     """In the child, before exec: be killed when the supervisor dies (Linux only)."""
-    if _libc is not None and hasattr(_libc, "prctl"):
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    signal_on_parent_death(signal.SIGKILL)
 
 
 def _outlive(_signum: int, _frame: object) -> None:

@@ -40,7 +40,7 @@ def find_mpiexec() -> str | None:
     return shutil.which("mpiexec")
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (the MPI proxies start the ranks in new sessions, so
     they are found by parentage, not by process group)."""
     children: dict[int, list[int]] = {}
@@ -71,7 +71,7 @@ def _command_line(pid: int) -> str:
 
 def _kill_tree(process: subprocess.Popen, program: Path) -> None:
     """Ask the ranks for their stacks, then kill mpiexec and everything it started."""
-    below = _descendants(process.pid)
+    below = descendants(process.pid)
     ranks = [pid for pid in below if str(program) in _command_line(pid)]
     for pid in ranks:
         try:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mpi_launch import find_mpiexec
+from mpi_launch import descendants, find_mpiexec
 from ringtrain.launcher.job import FAILURE_GRACE, TERMINATE_GRACE
 from ringtrain.launcher.report import RankExit, encode
 
@@ -49,26 +49,8 @@ def _launcher() -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", "ringtrain.launcher"]
 
 
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    parent = int(handle.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def _kill_tree(process: subprocess.Popen) -> None:
-    below = _descendants(process.pid)
+    below = descendants(process.pid)
     for pid in [process.pid, *below]:
         try:
             os.kill(pid, signal.SIGKILL)
