@@ -138,23 +138,26 @@ def _reducer(to_bits: Callable, from_bits: Callable, name: str) -> dict[int, tup
         y = np.uint32(from_bits(y_bits)).view(np.float32)
         return x_bits if (x >= y or x != x) else y_bits
 
-    loops = {}
-    for code, combine in ((0, add), (3, multiply), (1, minimum), (2, maximum)):
-        step = numba.njit(cache=True, nogil=True, inline="always")(combine)
+    return {code: _reduce_loops(combine, name)
+            for code, combine in ((0, add), (3, multiply), (1, minimum), (2, maximum))}
 
-        def reduce(a, b, out, step=step):
-            for i in numba.prange(out.size):
-                out[i] = step(a[i], b[i])
 
-        def reduce_in_place(target, other, step=step):
-            for i in numba.prange(target.size):
-                target[i] = step(target[i], other[i])
+def _reduce_loops(combine: Callable, name: str) -> tuple[_Twins, _Twins]:
+    """The loops applying ``combine`` elementwise: into ``out``, and into ``a`` itself."""
+    step = numba.njit(cache=True, nogil=True, inline="always")(combine)
 
-        combine.__qualname__ = f"{combine.__name__}_{name}"
-        reduce.__qualname__ = f"reduce_{combine.__name__}_{name}"
-        reduce_in_place.__qualname__ = f"reduce_{combine.__name__}_{name}_in_place"
-        loops[code] = (_Twins(reduce), _Twins(reduce_in_place))
-    return loops
+    def reduce(a, b, out):
+        for i in numba.prange(out.size):
+            out[i] = step(a[i], b[i])
+
+    def reduce_in_place(target, other):
+        for i in numba.prange(target.size):
+            target[i] = step(target[i], other[i])
+
+    combine.__qualname__ = f"{combine.__name__}_{name}"
+    reduce.__qualname__ = f"reduce_{combine.__name__}_{name}"
+    reduce_in_place.__qualname__ = f"reduce_{combine.__name__}_{name}_in_place"
+    return _Twins(reduce), _Twins(reduce_in_place)
 
 
 _encode_half, _encode_half_feedback = _encoder(_half_from_float, _float_from_half, "half")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numba
 import numpy as np
 import pytest
@@ -743,3 +746,40 @@ def test_set_host_threads_clamps(restore_host_threads):
     assert kernels.host_threads() == 1
     kernels.set_host_threads(10 ** 6)
     assert host.host_threads() == numba.config.NUMBA_NUM_THREADS
+
+
+def test_every_host_kernel_compiles_to_the_disk_cache(tmp_path):
+    """numba warns, and compiles again at every start, when a function cannot be cached."""
+    probe = """
+import warnings
+import numpy as np
+from numba.core.errors import NumbaWarning
+warnings.simplefilter("error", NumbaWarning)
+from ringtrain.kernels import host
+for threads in (1, 2):
+    host.set_host_threads(threads)
+    for n in (5, host.PARALLEL_MIN_ELEMENTS):
+        x = np.linspace(-2, 2, n).astype(np.float32)
+        h, b, out = np.empty(n, np.float16), np.empty(n, np.uint16), np.empty(n, np.float32)
+        host.encode_half(x, h, 2.0)
+        host.encode_half(x, h, 1.0)
+        host.encode_half(x, h, 2.0, np.zeros_like(x))
+        host.encode_bfloat(x, b, 2.0)
+        host.encode_bfloat(x, b, 1.0)
+        host.encode_bfloat(x, b, 2.0, np.zeros_like(x))
+        host.decode_half(h, out, 2.0)
+        host.decode_half(h, out, 1.0)
+        host.decode_bfloat(b, out, 2.0)
+        host.decode_bfloat(b, out, 1.0)
+        host.abs_max(x)
+        host.abs_max(x.astype(np.float64))
+        for op in host.OP_CODES:
+            host.reduce_into(op, h, h.copy(), np.empty_like(h))
+            host.reduce_into(op, h, h.copy(), h)
+            host.reduce_into(op, b, b.copy(), np.empty_like(b), "bfloat16")
+            host.reduce_into(op, b, b.copy(), b, "bfloat16")
+print("cached")
+"""
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0 and result.stdout.strip() == "cached", result.stderr[-3000:]
