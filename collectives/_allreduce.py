@@ -416,14 +416,11 @@ def _prepare_grouped(tensors: Sequence[Any], op: Any, name: str | None,
                 if ranged:
                     scale = part.compressor.scale_for(value_range.abs_max, group.size)
                 part.compressor.encode(part.buffer, part.wire, scale, key=name)
-            combine = reducer(op.value, part.wire.dtype,
-                              part.compressor.encoding if part.compressor else None)
-            finish = None
-            if part.compressor is None and divisor != 1:
-                finish = finisher(divisor, 1.0)
-            reduce_flat(group, chosen[dtype], part.wire, part.wire, op, combine, finish,
-                        settings.segment_bytes,
-                        part.compressor.encoding if part.compressor else None)
+            encoding = part.compressor.encoding if part.compressor else None
+            finish = finisher(divisor, 1.0) if part.compressor is None else None
+            reduce_flat(group, chosen[dtype], part.wire, part.wire, op,
+                        reducer(op.value, part.wire.dtype, encoding), finish,
+                        settings.segment_bytes, encoding)
             if part.compressor is not None:
                 part.compressor.decode(part.wire, part.buffer,
                                        postscale_factor / (scale * divisor))
