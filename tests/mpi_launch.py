@@ -61,6 +61,26 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def processes_running(*tokens: str) -> list[str]:
+    """``"pid: command line"`` of every process whose command line holds all ``tokens``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            line = _command_line(int(entry))
+            if line and all(token in line for token in tokens):
+                found.append(f"{entry}: {line}")
+    return found
+
+
+def assert_none_running(*tokens: str, wait: float) -> None:
+    """Wait up to ``wait`` seconds for the processes holding ``tokens`` to end; fail if not."""
+    deadline = time.monotonic() + wait
+    while processes_running(*tokens) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = processes_running(*tokens)
+    assert not left, f"processes left running: {left}"
+
+
 def _command_line(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:

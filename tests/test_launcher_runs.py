@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mpi_launch import descendants, find_mpiexec
+from mpi_launch import assert_none_running, descendants, find_mpiexec
 from ringtrain.launcher.job import FAILURE_GRACE, TERMINATE_GRACE
 from ringtrain.launcher.report import RankExit, encode
 
@@ -82,25 +82,9 @@ def run_with_timeout(command: list[str], timeout: float = RUN_TIMEOUT) -> Run:
     return Run(process.returncode, stdout, stderr, time.monotonic() - start)
 
 
-def _processes_with(token: str) -> list[str]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                    line = handle.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if token in line:
-                found.append(f"{entry}: {line}")
-    return found
-
-
 def assert_nothing_left(token: str) -> None:
-    deadline = time.monotonic() + 5
-    while _processes_with(token) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _processes_with(token), f"processes left running: {_processes_with(token)}"
+    """No process of the run marked with ``token`` is left after 5 s."""
+    assert_none_running(token, wait=5)
 
 
 def failing_run(mode: str) -> Run:

@@ -2,41 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 
 import pytest
 
 import mpi_launch
-from mpi_launch import PROGRAMS, find_mpiexec, run_mpi
+from mpi_launch import PROGRAMS, assert_none_running, find_mpiexec, run_mpi
 
 SELFTEST = str(PROGRAMS / "harness_selftest.py")
 
 pytestmark = pytest.mark.skipif(find_mpiexec() is None, reason="mpiexec not found")
-
-
-def _leftovers(token: str) -> list[str]:
-    """Processes still running the self-test program started with ``token``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                line = handle.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if SELFTEST in line and token in line:
-            found.append(f"{entry}: {line}")
-    return found
-
-
-def _no_leftovers(token: str) -> None:
-    deadline = time.monotonic() + 10
-    while _leftovers(token) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _leftovers(token), f"processes left running: {_leftovers(token)}"
 
 
 def _failure(nprocs: int, mode: str, **kwargs) -> str:
@@ -47,7 +23,7 @@ def _failure(nprocs: int, mode: str, **kwargs) -> str:
     token = f"token-{uuid.uuid4().hex}"
     with pytest.raises(pytest.fail.Exception) as caught:
         run_mpi("harness_selftest", nprocs, mode, token, **kwargs)
-    _no_leftovers(token)
+    assert_none_running(SELFTEST, token, wait=10)
     return str(caught.value)
 
 
