@@ -19,7 +19,7 @@ from ._world import (cross_rank, cross_size, init, is_initialized, local_rank, l
 from .config import ALGORITHMS, Settings, configure, current_settings
 from .errors import (CommunicationError, InvalidArgumentError, MismatchError,
                      NonFiniteWarning, NotInitializedError, RingtrainError,
-                     UnsupportedDtypeError)
+                     UnsupportedDtypeError, UsageError)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
@@ -36,5 +36,5 @@ __all__ = [
     "Compression", "Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor",
     "Settings", "ALGORITHMS", "configure", "current_settings",
     "RingtrainError", "MismatchError", "InvalidArgumentError", "UnsupportedDtypeError",
-    "CommunicationError", "NotInitializedError", "NonFiniteWarning",
+    "CommunicationError", "NotInitializedError", "NonFiniteWarning", "UsageError",
 ]

@@ -249,7 +249,6 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
     array = (in_place_array if in_place else input_array)(tensor, collective, name)
     plan = _plan(array, op, name, prescale_factor, postscale_factor, process_set, algorithm,
                  compression, collective)
-    group, finish = plan.group, plan.finish
     source = flat(array)
     copy_back = in_place and not array.flags.c_contiguous
     if in_place:
@@ -260,27 +259,49 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
         result = output.reshape(-1)
 
     def run() -> np.ndarray:
-        if plan.compressor is not None:
-            _reduce_compressed(plan, collective, name, source, result, prescale_factor,
-                               postscale_factor)
-        elif plan.algorithm == "recursive_doubling" and array.nbytes <= PAYLOAD_CAPACITY:
-            agree(group, plan.call, payload=source, combine=plan.combine, result=result,
-                  prescale_factor=prescale_factor)
-            if finish is not None:
-                finish(result)
-        else:
-            agree(group, plan.call)
-            start = source
-            if prescale_factor != 1.0:
-                np.multiply(source, prescale_factor, out=result)
-                start = result
-            reduce_flat(group, plan.algorithm, start, result, plan.op, plan.combine, finish,
-                        plan.settings.segment_bytes)
+        reduce_planned(plan, collective, name, source, result, prescale_factor,
+                       postscale_factor)
         if copy_back:
             output[...] = result.reshape(output.shape)
         return output
 
     return run
+
+
+def allreduce_plan(array: np.ndarray, op: Any, name: str | None, prescale_factor: float,
+                   postscale_factor: float, process_set: ProcessSet | None,
+                   algorithm: str | None, compression: Any, collective: str) -> _Plan:
+    """Validate an allreduce of arrays like ``array`` once; run it with :func:`reduce_planned`.
+
+    For callers that reduce the same buffers again and again (the trainer's fusion
+    buckets). Raises what :func:`allreduce` raises before any communication.
+    """
+    return _plan(array, op, name, prescale_factor, postscale_factor, process_set, algorithm,
+                 compression, collective)
+
+
+def reduce_planned(plan: _Plan, collective: str, name: str | None, source: np.ndarray,
+                   result: np.ndarray, prescale_factor: float, postscale_factor: float) -> None:
+    """Agree with the other ranks, then reduce 1-D ``source`` into ``result`` (may be it).
+
+    The scale factors must be those the plan was made with.
+    """
+    if plan.compressor is not None:
+        _reduce_compressed(plan, collective, name, source, result, prescale_factor,
+                           postscale_factor)
+    elif plan.algorithm == "recursive_doubling" and source.nbytes <= PAYLOAD_CAPACITY:
+        agree(plan.group, plan.call, payload=source, combine=plan.combine, result=result,
+              prescale_factor=prescale_factor)
+        if plan.finish is not None:
+            plan.finish(result)
+    else:
+        agree(plan.group, plan.call)
+        start = source
+        if prescale_factor != 1.0:
+            np.multiply(source, prescale_factor, out=result)
+            start = result
+        reduce_flat(plan.group, plan.algorithm, start, result, plan.op, plan.combine,
+                    plan.finish, plan.settings.segment_bytes)
 
 
 def _reduce_compressed(plan: _Plan, collective: str, name: str | None, source: np.ndarray,

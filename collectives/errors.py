@@ -24,6 +24,11 @@ class InvalidArgumentError(RingtrainError, ValueError):
     """An argument is wrong on this rank; raised before any communication."""
 
 
+class UsageError(RingtrainError, RuntimeError):
+    """An API was used in an order that cannot work, e.g. ``zero_grad()`` between
+    ``backward()`` and ``step()`` of a DistributedOptimizer."""
+
+
 class UnsupportedDtypeError(RingtrainError, TypeError):
     """The array's dtype is not supported by this collective or operation."""
 

@@ -1,8 +1,9 @@
 """ringtrain: data-parallel training over MPI.
 
 The public API: ``import ringtrain as rt; rt.init(); rt.allreduce(grad)``. Its names
-are those of ``ringtrain.collectives.__all__``, imported on first use, so importing
-``ringtrain`` (or ``ringtrain.launcher``) alone neither imports mpi4py nor starts MPI.
+are those of ``ringtrain.collectives.__all__`` and ``ringtrain.trainer.__all__``,
+imported on first use, so importing ``ringtrain`` (or ``ringtrain.launcher``) alone
+neither imports mpi4py nor starts MPI.
 """
 
 from importlib import import_module
@@ -22,9 +23,14 @@ def __getattr__(name: str) -> Any:
     # system asks for ``launcher`` here before it imports ringtrain.launcher.
     if name in _SUBPACKAGES or (name.startswith("__") and name != "__all__"):
         raise AttributeError(f"module 'ringtrain' has no attribute {name!r}")
+    trainer = import_module(".trainer", __name__)
+    if name in trainer.__all__:
+        value = getattr(trainer, name)
+        globals()[name] = value
+        return value
     collectives = import_module(".collectives", __name__)
     if name == "__all__":
-        return ["__version__", *collectives.__all__]
+        return ["__version__", *collectives.__all__, *trainer.__all__]
     if name in collectives.__all__:
         value = getattr(collectives, name)
         globals()[name] = value

@@ -1,1 +1,36 @@
-"""Training-loop integration (DistributedOptimizer, gradient buckets): not yet written."""
+"""Training-loop integration: DistributedOptimizer, gradient buckets, state broadcast,
+data sharding, uneven inputs, loss scaling and elastic restarts.
+
+Names are imported on first use, so ``import ringtrain.trainer`` neither imports
+mpi4py nor torch; the PyTorch parts import torch only when given a torch optimizer.
+"""
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "DistributedOptimizer": "distributed_optimizer",
+    "ArrayDistributedOptimizer": "array_optimizer",
+    "GradientReducer": "reducer",
+    "broadcast_parameters": "state_broadcast",
+    "broadcast_optimizer_state": "state_broadcast",
+    "DistributedSampler": "sharding",
+    "join": "uneven",
+    "JoinResult": "uneven",
+    "DynamicLossScaler": "loss_scaling",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ringtrain.trainer' has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

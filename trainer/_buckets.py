@@ -1,0 +1,98 @@
+"""Which gradients travel together: the fusion buckets, assigned once per model.
+
+Gradients become ready during the backward pass roughly in the reverse of the order in
+which their parameters were registered (the last layer's first). Buckets are therefore
+filled in that reverse order, so the first bucket completes early and its allreduce
+overlaps the rest of the backward pass. The first bucket is kept small (its
+allreduce should start as soon as possible); the others grow up to the fusion
+threshold, large enough that per-message costs vanish, small enough that
+communication starts long before the backward pass ends. A bucket holds one dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..collectives.config import parse_size
+from ..collectives.errors import InvalidArgumentError
+
+DEFAULT_FUSION_THRESHOLD = 8 << 20
+"""Bytes per bucket unless told otherwise (see docs/trainer.md for the measurement)."""
+
+DEFAULT_FIRST_BUCKET_BYTES = 1 << 20
+"""The first bucket's limit: small, so communication starts early in the backward pass."""
+
+FUSION_THRESHOLD_VARIABLE = "RINGTRAIN_FUSION_THRESHOLD"
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientSpec:
+    """What the reducer knows of one gradient before it exists: name, shape, dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the gradient."""
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def fusion_threshold(explicit: int | None = None) -> int:
+    """The bucket size limit in bytes: ``explicit``, else ``RINGTRAIN_FUSION_THRESHOLD``,
+    else :data:`DEFAULT_FUSION_THRESHOLD`. 0 turns fusion off (one gradient per bucket).
+
+    Raises:
+        InvalidArgumentError: ``explicit`` is negative or not an integer.
+    """
+    if explicit is not None:
+        if not isinstance(explicit, int) or isinstance(explicit, bool) or explicit < 0:
+            raise InvalidArgumentError(
+                f"fusion_threshold must be a number of bytes >= 0, got {explicit!r}")
+        return explicit
+    text = os.environ.get(FUSION_THRESHOLD_VARIABLE)
+    if text is None:
+        return DEFAULT_FUSION_THRESHOLD
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        warnings.warn(f"ignoring {FUSION_THRESHOLD_VARIABLE}={text!r}: {error}",
+                      RuntimeWarning, stacklevel=2)
+        return DEFAULT_FUSION_THRESHOLD
+
+
+def assign_buckets(specs: Sequence[GradientSpec], threshold: int,
+                   first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES) -> list[list[int]]:
+    """Group gradients (given in registration order) into buckets.
+
+    Gradients are taken in reverse registration order; each joins the open bucket of its
+    dtype, which closes once it holds at least its limit (``first_bucket_bytes`` for the
+    first bucket closed, ``threshold`` afterwards; with ``threshold`` 0 every gradient is
+    a bucket of its own).
+
+    Returns:
+        Buckets as lists of indices into ``specs``, ordered by when their first gradient
+        is expected to be ready: the order in which every rank launches them.
+    """
+    first_limit = min(first_bucket_bytes, threshold)
+    closed: list[list[int]] = []
+    open_buckets: dict[np.dtype, list[int]] = {}
+    open_bytes: dict[np.dtype, int] = {}
+    for index in reversed(range(len(specs))):
+        spec = specs[index]
+        bucket = open_buckets.setdefault(spec.dtype, [])
+        bucket.append(index)
+        open_bytes[spec.dtype] = open_bytes.get(spec.dtype, 0) + spec.nbytes
+        limit = first_limit if not closed else threshold
+        if open_bytes[spec.dtype] >= limit:
+            closed.append(open_buckets.pop(spec.dtype))
+            del open_bytes[spec.dtype]
+    closed.extend(open_buckets.values())
+    position = {index: len(specs) - index for index in range(len(specs))}
+    return sorted(closed, key=lambda bucket: position[bucket[0]])

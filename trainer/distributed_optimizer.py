@@ -1,0 +1,59 @@
+"""``DistributedOptimizer``: one entry point for PyTorch optimizers and optimizers over arrays."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from ..collectives import Average, Compression, Compressor, ProcessSet, ReduceOp
+
+
+def DistributedOptimizer(optimizer: Any, named_parameters: Iterable[tuple] | None = None,
+                         compression: Compressor = Compression.none,
+                         backward_passes_per_step: int = 1, op: ReduceOp = Average,
+                         gradient_predivide_factor: float = 1.0,
+                         process_set: ProcessSet | None = None, *,
+                         fusion_threshold: int | None = None,
+                         first_bucket_bytes: int = 1 << 20) -> Any:
+    """Wrap ``optimizer`` so that its ``step()`` uses gradients averaged across ranks.
+
+    A ``torch.optim.Optimizer`` gets a
+    :class:`~ringtrain.trainer.torch_optimizer.TorchDistributedOptimizer` (gradients
+    reduced by autograd hooks while backward runs); any other object with ``step()``
+    gets an :class:`~ringtrain.trainer.array_optimizer.ArrayDistributedOptimizer` (numpy
+    training loops; see that module for the protocol).
+
+    Args:
+        optimizer: the optimizer to wrap.
+        named_parameters: for PyTorch, ``model.named_parameters()`` (optional but
+            recommended: names in errors, the model's order for the buckets); for
+            arrays, ``(name, parameter, gradient)`` triples (required).
+        compression: ``Compression.none`` (default), ``.fp16`` or ``.bf16``.
+        backward_passes_per_step: local backward passes accumulated per step.
+        op: Average (default), Sum, Min, Max or Product.
+        gradient_predivide_factor: with Average, the share of the division done before
+            the sum.
+        process_set: the ranks that share the model (default: all).
+        fusion_threshold: bucket size limit in bytes; 0 turns fusion off.
+        first_bucket_bytes: the first bucket's limit.
+
+    Returns:
+        The wrapped optimizer: ``step()``, ``zero_grad()``, ``synchronize()``,
+        ``skip_synchronize()``, ``state_dict()``... as the wrapped one's.
+
+    Raises:
+        InvalidArgumentError: bad arguments, duplicate or missing names.
+        UnsupportedDtypeError: a parameter that cannot be reduced.
+    """
+    arguments = dict(named_parameters=named_parameters, compression=compression,
+                     backward_passes_per_step=backward_passes_per_step, op=op,
+                     gradient_predivide_factor=gradient_predivide_factor,
+                     process_set=process_set, fusion_threshold=fusion_threshold,
+                     first_bucket_bytes=first_bucket_bytes)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(optimizer, torch.optim.Optimizer):
+        from .torch_optimizer import TorchDistributedOptimizer
+        return TorchDistributedOptimizer(optimizer, **arguments)
+    from .array_optimizer import ArrayDistributedOptimizer
+    return ArrayDistributedOptimizer(optimizer, **arguments)

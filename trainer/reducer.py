@@ -1,0 +1,355 @@
+"""The framework-neutral gradient reducer: fusion buckets allreduced while backward runs.
+
+Built once from the gradients' names, shapes and dtypes. Every step, the training code
+(or a framework hook) calls :meth:`GradientReducer.mark_ready` as each gradient is
+final; the bucket holding it starts its allreduce as soon as all its gradients are
+ready and every bucket before it has started, so every rank launches the buckets in the
+same order whatever order its gradients arrive in. The allreduces run on ringtrain's
+single collectives thread (the only thread that enters MPI), so the training thread
+never waits for the network until :meth:`GradientReducer.wait`.
+
+One bucket's allreduce, on the collectives thread: pack its gradients into the bucket's
+buffer with the prescale fused into the copy (one kernel launch), agree with the other
+ranks, reduce (encoding to fp16/bf16 and back when compressing, with the 1/N and the
+postscale fused into the decode), unpack into the gradients. A bucket of one
+contiguous gradient skips the copies and is reduced in place.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..collectives import Average, Compression, Compressor, ProcessSet, ReduceOp
+from ..collectives._allreduce import allreduce_plan, reduce_planned
+from ..collectives._calls import execute
+from ..collectives._executor import Handle
+from ..collectives.errors import InvalidArgumentError, UsageError
+from ..kernels import FusionLayout, pack, unpack
+from ..kernels.layout import DEFAULT_ALIGNMENT_BYTES
+from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec, assign_buckets
+from ._buckets import fusion_threshold as resolve_fusion_threshold
+
+_COLLECTIVE = "allreduce_"
+_NAMES_SHOWN = 3
+
+
+class Bucket:
+    """Gradients reduced as one message: their indices, layout, buffer and name.
+
+    Attributes:
+        index: position in launch order.
+        members: indices of the gradients, in buffer order.
+        name: names the bucket in errors (the same on every rank for the same model).
+    """
+
+    def __init__(self, index: int, count: int, members: list[int],
+                 specs: Sequence[GradientSpec]):
+        self.index = index
+        self.members = members
+        names = [specs[i].name for i in members]
+        shown = ", ".join(names[:_NAMES_SHOWN])
+        more = f", +{len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else ""
+        self.name = f"gradient bucket {index + 1}/{count} [{shown}{more}]"
+        dtype = specs[members[0]].dtype
+        # A gradient alone is reduced where it lies when it is contiguous, so its
+        # bucket's buffer (used otherwise) must have no padding either.
+        alignment = dtype.itemsize if len(members) == 1 else DEFAULT_ALIGNMENT_BYTES
+        self.layout = FusionLayout([specs[i].shape for i in members], dtype, alignment)
+        self.buffer: np.ndarray | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the bucket's gradients, padding included."""
+        return self.layout.nbytes
+
+    def reduce(self, plan: Any, gradients: list[np.ndarray], prescale_factor: float,
+               postscale_factor: float) -> None:
+        """Allreduce ``gradients`` in place (runs on the collectives thread)."""
+        if len(gradients) == 1 and gradients[0].flags.c_contiguous:
+            flat = gradients[0].reshape(-1)
+            reduce_planned(plan, _COLLECTIVE, self.name, flat, flat, prescale_factor,
+                           postscale_factor)
+            return
+        if self.buffer is None:
+            self.buffer = self.layout.empty_buffer()
+        pack(self.layout, gradients, self.buffer, prescale_factor)
+        reduce_planned(plan, _COLLECTIVE, self.name, self.buffer, self.buffer, 1.0,
+                       postscale_factor)
+        unpack(self.layout, self.buffer, gradients)
+
+
+class GradientReducer:
+    """Averages (or otherwise reduces) a model's gradients across ranks, bucket by bucket.
+
+    Args:
+        gradients: for each gradient, in parameter registration order, its name and an
+            array-like with its shape and dtype (the parameter itself will do). Names
+            must be unique and the same on every rank.
+        op: the reduction (Average by default; Sum, Min, Max, Product).
+        compression: ``Compression.none`` (default), ``Compression.fp16`` or
+            ``Compression.bf16`` (float32 gradients travel as 16-bit floats).
+        prescale_factor: multiplies each gradient before the reduction.
+        postscale_factor: multiplies each result.
+        process_set: the ranks that share the model (default: all).
+        fusion_threshold: bucket size limit in bytes; 0 gives every gradient its own
+            allreduce. Default: ``RINGTRAIN_FUSION_THRESHOLD`` or 8 MiB.
+        first_bucket_bytes: the first bucket's limit (default 1 MiB).
+        backward_passes_per_step: a gradient is ready after this many
+            :meth:`mark_ready` calls (local accumulation between reductions).
+        algorithm: the allreduce algorithm (default: the ``allreduce_algorithm`` setting).
+
+    Raises:
+        InvalidArgumentError, UnsupportedDtypeError: duplicate or empty names, bad
+            arguments, a dtype that cannot be reduced with ``op``; before any
+            communication.
+    """
+
+    def __init__(self, gradients: Sequence[tuple[str, Any]], op: ReduceOp = Average,
+                 compression: Compressor = Compression.none, prescale_factor: float = 1.0,
+                 postscale_factor: float = 1.0, process_set: ProcessSet | None = None, *,
+                 fusion_threshold: int | None = None,
+                 first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
+                 backward_passes_per_step: int = 1, algorithm: str | None = None):
+        self.specs = _specs(gradients)
+        self.process_set = process_set
+        self.fusion_threshold = resolve_fusion_threshold(fusion_threshold)
+        self.backward_passes_per_step = backward_passes_per_step
+        groups = assign_buckets(self.specs, self.fusion_threshold, first_bucket_bytes)
+        self.buckets = [Bucket(i, len(groups), members, self.specs)
+                        for i, members in enumerate(groups)]
+        self._bucket_of = np.empty(len(self.specs), np.int64)
+        for bucket in self.buckets:
+            self._bucket_of[bucket.members] = bucket.index
+        self._prescale = prescale_factor
+        self._postscale = postscale_factor
+        self._plans = [allreduce_plan(np.empty(bucket.layout.total_size, bucket.layout.dtype),
+                                      op, bucket.name, 1.0, postscale_factor, process_set,
+                                      algorithm, compression, _COLLECTIVE)
+                       for bucket in self.buckets]
+        self._lock = threading.Lock()
+        self.step_prologue: Callable[[], None] | None = None
+        self._reset()
+
+    @property
+    def backward_passes_per_step(self) -> int:
+        """How many :meth:`mark_ready` calls make a gradient ready."""
+        return self._passes_per_step
+
+    @backward_passes_per_step.setter
+    def backward_passes_per_step(self, passes: int) -> None:
+        if not isinstance(passes, int) or isinstance(passes, bool) or passes < 1:
+            raise InvalidArgumentError(
+                f"backward_passes_per_step must be an integer >= 1, got {passes!r}")
+        self._passes_per_step = passes
+
+    def index_of(self, name: str) -> int:
+        """The index of the gradient called ``name``.
+
+        Raises:
+            InvalidArgumentError: no gradient has that name.
+        """
+        index = self._index_by_name.get(name)
+        if index is None:
+            raise InvalidArgumentError(f"no gradient is called {name!r}")
+        return index
+
+    @functools.cached_property
+    def _index_by_name(self) -> dict[str, int]:
+        return {spec.name: i for i, spec in enumerate(self.specs)}
+
+    def in_progress(self) -> bool:
+        """True between the first :meth:`mark_ready` of a step and its :meth:`wait`."""
+        with self._lock:
+            return self._started
+
+    def mark_ready(self, index: int, gradient: np.ndarray) -> None:
+        """Say that ``gradient`` (the array of gradient ``index``) got one more backward pass.
+
+        On its ``backward_passes_per_step``-th call in a step the gradient is final; from
+        then on until :meth:`wait` returns it must not be written (its bucket may be
+        reducing it in place). May be called from any thread.
+
+        Raises:
+            InvalidArgumentError: the array's shape or dtype is not the registered one.
+            UsageError: more backward passes than ``backward_passes_per_step`` before
+                :meth:`wait`.
+        """
+        spec = self.specs[index]
+        if gradient.shape != spec.shape or gradient.dtype != spec.dtype:
+            raise InvalidArgumentError(
+                f"gradient {spec.name!r} has shape {gradient.shape} and dtype "
+                f"{gradient.dtype}; registered as {spec.shape} {spec.dtype}")
+        with self._lock:
+            self._started = True
+            self._passes[index] += 1
+            if self._passes[index] < self._passes_per_step:
+                return
+            if self._passes[index] > self._passes_per_step:
+                raise UsageError(
+                    f"gradient {spec.name!r} was computed {self._passes[index]} times "
+                    f"before step() or synchronize(), but backward_passes_per_step is "
+                    f"{self._passes_per_step}; raise backward_passes_per_step to "
+                    f"accumulate gradients locally over more passes")
+            self._gradients[index] = gradient
+            bucket = self._bucket_of[index]
+            self._missing[bucket] -= 1
+            if bucket == self._next_launch:
+                self._launch_ready_buckets()
+
+    def wait(self, missing: Callable[[int], np.ndarray] | None = None) -> None:
+        """Finish the step: launch what is left, wait for every bucket, and return once
+        all gradients hold the reduced values.
+
+        Args:
+            missing: gives the array of gradient ``index`` when it was not marked ready
+                this step (a parameter that got no gradient); the array is reduced like
+                the others (zeros contribute nothing to a sum). Without it, such a
+                gradient contributes zeros, its result is dropped, and UsageError
+                follows once the step is complete on every rank.
+
+        Raises:
+            Whatever a bucket's allreduce raised (e.g. :class:`~ringtrain.MismatchError`
+            on every rank when ranks hold different models), with a note naming the
+            bucket; once one bucket failed, the later ones of the step are not sent.
+        """
+        unmarked = []
+        with self._lock:
+            for bucket in self.buckets[self._next_launch:]:
+                for index in bucket.members:
+                    if self._gradients[index] is None:
+                        spec = self.specs[index]
+                        if missing is None:
+                            unmarked.append(spec.name)
+                            self._gradients[index] = np.zeros(spec.shape, spec.dtype)
+                        else:
+                            self._gradients[index] = missing(index)
+                self._missing[bucket.index] = 0
+            self._launch_ready_buckets()
+            handles = self._handles
+            self._reset()
+        _wait_all(handles)
+        if unmarked:
+            raise UsageError(
+                f"gradient(s) {', '.join(map(repr, unmarked))} were not marked ready this "
+                f"step; they were reduced as zeros and their results dropped")
+
+    def _launch_ready_buckets(self) -> None:
+        while self._next_launch < len(self.buckets) and \
+                self._missing[self._next_launch] == 0:
+            if self._next_launch == 0 and self.step_prologue is not None:
+                self._handles.append(execute(_COLLECTIVE, "step prologue",
+                                             functools.partial(self._step.run,
+                                                               self.step_prologue),
+                                             asynchronous=True))
+            bucket = self.buckets[self._next_launch]
+            gradients = [self._gradients[i] for i in bucket.members]
+            body = functools.partial(self._step.run, bucket.reduce, self._plans[bucket.index],
+                                     gradients, self._prescale, self._postscale)
+            self._handles.append(execute(_COLLECTIVE, bucket.name, body, asynchronous=True))
+            self._next_launch += 1
+
+    def _reset(self) -> None:
+        self._step = _Step()
+        self._started = False
+        self._next_launch = 0
+        self._handles: list[Handle] = []
+        self._passes = [0] * len(self.specs)
+        self._gradients: list[np.ndarray | None] = [None] * len(self.specs)
+        self._missing = [len(bucket.members) for bucket in self.buckets]
+
+    def __repr__(self) -> str:
+        return (f"GradientReducer({len(self.specs)} gradients in {len(self.buckets)} "
+                f"buckets, fusion threshold {self.fusion_threshold} bytes)")
+
+
+def predivide_factors(op: ReduceOp, gradient_predivide_factor: float) -> tuple[float, float]:
+    """The (prescale, postscale) pair that splits an average's division around the sum:
+    divide by ``gradient_predivide_factor`` before, by ``size / factor`` after.
+
+    Raises:
+        InvalidArgumentError: a factor other than 1 with an op other than Average, or a
+            factor that is not a positive number.
+    """
+    if not isinstance(gradient_predivide_factor, (int, float)) or \
+            isinstance(gradient_predivide_factor, bool) or not gradient_predivide_factor > 0:
+        raise InvalidArgumentError(
+            f"gradient_predivide_factor must be a positive number, got "
+            f"{gradient_predivide_factor!r}")
+    if gradient_predivide_factor == 1.0:
+        return 1.0, 1.0
+    if op is not Average:
+        raise InvalidArgumentError(
+            f"gradient_predivide_factor={gradient_predivide_factor} needs op=Average, got {op}")
+    return 1.0 / gradient_predivide_factor, float(gradient_predivide_factor)
+
+
+class _Step:
+    """One step's reductions as they run on the collectives thread.
+
+    Once one of them fails, the rest are skipped without communicating: the failures
+    that can happen here (a MismatchError) happen on every rank alike, so every rank
+    skips the same ones and nobody waits for a message that will not come.
+    """
+
+    def __init__(self) -> None:
+        self.failure: BaseException | None = None
+
+    def run(self, reduction: Callable[..., None], *args: Any) -> None:
+        """Run ``reduction(*args)`` unless an earlier one of this step failed."""
+        if self.failure is not None:
+            raise UsageError(f"not sent: an earlier reduction of this step failed "
+                             f"({type(self.failure).__name__})")
+        try:
+            reduction(*args)
+        except BaseException as error:
+            self.failure = error
+            raise
+
+
+def _wait_all(handles: list[Handle]) -> None:
+    """Wait for every handle; raise the first error once all are done."""
+    first_error: BaseException | None = None
+    for handle in handles:
+        try:
+            handle.wait()
+        except BaseException as error:  # the others must still finish first
+            if first_error is None:
+                error.add_note(f"while reducing {handle.name}")
+                first_error = error
+    if first_error is not None:
+        raise first_error
+
+
+def _specs(gradients: Sequence[tuple[str, Any]]) -> list[GradientSpec]:
+    specs = []
+    for position, entry in enumerate(gradients):
+        try:
+            name, like = entry
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(
+                f"gradient {position}: expected a (name, array) pair, got {entry!r}") from None
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError(
+                f"gradient {position}: the name must be a non-empty string, got {name!r}")
+        specs.append(GradientSpec(name, tuple(int(n) for n in like.shape),
+                                  np.dtype(like.dtype)))
+    duplicates = _duplicates(spec.name for spec in specs)
+    if duplicates:
+        raise InvalidArgumentError(
+            f"gradient names must be unique; repeated: {', '.join(map(repr, duplicates))}")
+    return specs
+
+
+def _duplicates(names: Any) -> list[str]:
+    seen: set[str] = set()
+    repeated: list[str] = []
+    for name in names:
+        if name in seen and name not in repeated:
+            repeated.append(name)
+        seen.add(name)
+    return repeated

@@ -1,0 +1,273 @@
+"""DistributedOptimizer for PyTorch: averages gradients across ranks while backward runs.
+
+It wraps the user's optimizer by composition: parameter groups, state, state dicts and
+step hooks are the wrapped optimizer's own, seen through this object. It derives from
+``torch.optim.Optimizer`` only so that code checking ``isinstance(opt, Optimizer)``
+(learning-rate schedulers, gradient scalers) accepts it; it never runs the base
+class's constructor.
+
+Each parameter gets a post-accumulate-grad hook that hands its finished gradient to a
+:class:`~ringtrain.trainer.reducer.GradientReducer`, so the fusion buckets are
+allreduced during the backward pass; ``step()`` waits for them, then calls the wrapped
+optimizer's ``step()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..collectives import Average, Compression, Compressor, ProcessSet, ReduceOp
+from ..collectives.errors import InvalidArgumentError, UnsupportedDtypeError, UsageError
+from .reducer import GradientReducer, predivide_factors
+
+
+class TorchDistributedOptimizer(torch.optim.Optimizer):
+    """Wraps a ``torch.optim.Optimizer`` so that ``step()`` uses gradients reduced across ranks.
+
+    Args:
+        optimizer: the optimizer to wrap; its parameters must be on the CPU.
+        named_parameters: ``model.named_parameters()``: names every parameter in error
+            messages, and its order (the model's) decides the fusion buckets. Every
+            parameter of ``optimizer`` must be named; names must be unique.
+        compression: ``Compression.none``, ``Compression.fp16`` or ``Compression.bf16``.
+        backward_passes_per_step: backward passes (each adding to ``.grad``) between
+            steps; gradients are reduced once, after the last.
+        op: Average (default) or Sum (or Min, Max, Product) across ranks.
+        gradient_predivide_factor: with Average, divide by this before the sum and by
+            ``size / factor`` after it.
+        process_set: the ranks that share the model (default: all).
+        fusion_threshold: bucket size limit in bytes, 0 for one allreduce per
+            parameter (default: ``RINGTRAIN_FUSION_THRESHOLD`` or 8 MiB).
+        first_bucket_bytes: the first bucket's limit (default 1 MiB).
+
+    Raises:
+        InvalidArgumentError: duplicate or missing parameter names, bad arguments.
+        UnsupportedDtypeError: a parameter dtype that cannot be reduced (e.g. bfloat16).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+                 compression: Compressor = Compression.none,
+                 backward_passes_per_step: int = 1, op: ReduceOp = Average,
+                 gradient_predivide_factor: float = 1.0,
+                 process_set: ProcessSet | None = None, *,
+                 fusion_threshold: int | None = None,
+                 first_bucket_bytes: int = 1 << 20):
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise InvalidArgumentError(
+                f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        self.optimizer = optimizer
+        self._parameters = _named_trainable_parameters(optimizer, named_parameters)
+        prescale, postscale = predivide_factors(op, gradient_predivide_factor)
+        self._reducer = GradientReducer(
+            [(name, _numpy_spec(name, p)) for name, p in self._parameters],
+            op=op, compression=compression, prescale_factor=prescale,
+            postscale_factor=postscale, process_set=process_set,
+            fusion_threshold=fusion_threshold, first_bucket_bytes=first_bucket_bytes,
+            backward_passes_per_step=backward_passes_per_step)
+        self._hooks = [p.register_post_accumulate_grad_hook(self._gradient_hook(i))
+                       for i, (_, p) in enumerate(self._parameters)]
+        self._should_synchronize = True
+        self._synchronized = False
+
+    # The wrapped optimizer's state, seen through this object.
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        """The wrapped optimizer's parameter groups (learning rates live here)."""
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = groups
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        """The wrapped optimizer's per-parameter state."""
+        return self.optimizer.state
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        """The wrapped optimizer's defaults."""
+        return self.optimizer.defaults
+
+    @property
+    def reducer(self) -> GradientReducer:
+        """The gradient reducer (its buckets show how gradients travel)."""
+        return self._reducer
+
+    @property
+    def backward_passes_per_step(self) -> int:
+        """Backward passes accumulated locally before gradients are reduced."""
+        return self._reducer.backward_passes_per_step
+
+    def gradient_arrays(self) -> list[np.ndarray]:
+        """Numpy views of the gradients (parameters without one get zeros), in order."""
+        return [self._missing_gradient(i) for i in range(len(self._parameters))]
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change ``backward_passes_per_step`` (between steps)."""
+        self._reducer.backward_passes_per_step = passes
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        """The wrapped optimizer's ``state_dict()``."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """The wrapped optimizer's ``load_state_dict()``."""
+        self.optimizer.load_state_dict(state_dict)
+
+    def register_step_pre_hook(self, hook: Callable[..., Any]) -> Any:
+        """Registers ``hook`` on the wrapped optimizer."""
+        return self.optimizer.register_step_pre_hook(hook)
+
+    def register_step_post_hook(self, hook: Callable[..., Any]) -> Any:
+        """Registers ``hook`` on the wrapped optimizer."""
+        return self.optimizer.register_step_post_hook(hook)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Not supported: the buckets are fixed when the optimizer is wrapped."""
+        raise UsageError("add_param_group() on a DistributedOptimizer: add the group to the "
+                         "optimizer before wrapping it")
+
+    # The training step.
+    def synchronize(self) -> None:
+        """Wait until every parameter's ``.grad`` holds the value reduced across ranks.
+
+        Parameters that got no gradient this step take part with zeros (their ``.grad``
+        is set to zeros first), so ranks never wait for each other's unused parameters.
+        """
+        self._reducer.wait(missing=self._missing_gradient)
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Within this context ``step()`` does not synchronize: call :meth:`synchronize`
+        yourself first (e.g. to clip the reduced gradients)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        """Synchronize (unless inside :meth:`skip_synchronize`), then step the wrapped
+        optimizer. A ``closure`` that runs backward is synchronized after it runs."""
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(
+                    "optimizer.step() called after optimizer.synchronize() outside "
+                    "optimizer.skip_synchronize(): the gradients were already reduced "
+                    "and are used as they are; use 'with optimizer.skip_synchronize(): "
+                    "optimizer.step()' after synchronize()", UserWarning, stacklevel=2)
+            elif closure is None or self._reducer.in_progress():
+                self.synchronize()
+        self._synchronized = False
+        if closure is None:
+            return self.optimizer.step()
+        return self.optimizer.step(self._synchronized_closure(closure))
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The wrapped optimizer's ``zero_grad()``; refused while gradients are in flight.
+
+        Raises:
+            UsageError: called after ``backward()`` and before ``step()`` or
+                ``synchronize()`` (the reduction may be writing the gradients).
+        """
+        if self._reducer.in_progress():
+            raise UsageError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(): the gradients are being "
+                "reduced in place; call zero_grad() before backward() or after step()")
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def remove_hooks(self) -> None:
+        """Detach the gradient hooks from the parameters (the wrapper stops working)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    def __repr__(self) -> str:
+        return f"TorchDistributedOptimizer({self.optimizer!r}, {self._reducer!r})"
+
+    def __getstate__(self) -> Any:
+        raise TypeError("a DistributedOptimizer cannot be pickled; save state_dict() instead")
+
+    def _gradient_hook(self, index: int) -> Callable[[torch.Tensor], None]:
+        reducer = self._reducer
+
+        def hook(parameter: torch.Tensor) -> None:
+            reducer.mark_ready(index, parameter.grad.detach().numpy())
+
+        return hook
+
+    def _missing_gradient(self, index: int) -> np.ndarray:
+        parameter = self._parameters[index][1]
+        if parameter.grad is None:
+            parameter.grad = torch.zeros_like(parameter)
+        return parameter.grad.detach().numpy()
+
+    def _synchronized_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            loss = closure()
+            self.synchronize()
+            return loss
+
+        return run
+
+
+def _named_trainable_parameters(
+        optimizer: torch.optim.Optimizer,
+        named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+) -> list[tuple[str, torch.Tensor]]:
+    """The optimizer's parameters that need gradients, named, in the model's order."""
+    in_optimizer = [p for group in optimizer.param_groups for p in group["params"]]
+    if named_parameters is None:
+        positions = [(g, i) for g, group in enumerate(optimizer.param_groups)
+                     for i in range(len(group["params"]))]
+        named = [(f"param_groups[{g}][{i}]", p) for (g, i), p in zip(positions, in_optimizer)]
+    else:
+        named = list(named_parameters)
+        names = [name for name, _ in named]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise InvalidArgumentError(
+                f"named_parameters repeats the name(s) {', '.join(map(repr, repeated))}; "
+                f"every parameter needs a name of its own")
+        named_ids = {id(p) for _, p in named}
+        unnamed = [p for p in in_optimizer if id(p) not in named_ids]
+        if unnamed:
+            shapes = ", ".join(str(tuple(p.shape)) for p in unnamed[:5])
+            raise InvalidArgumentError(
+                f"{len(unnamed)} parameter(s) of the optimizer are missing from "
+                f"named_parameters (shapes {shapes}{', ...' if len(unnamed) > 5 else ''}); "
+                f"pass model.named_parameters() of the model the optimizer trains")
+        wanted = {id(p) for p in in_optimizer}
+        named = [(name, p) for name, p in named if id(p) in wanted]
+    seen: set[int] = set()
+    trainable = []
+    for name, parameter in named:
+        if parameter.requires_grad and id(parameter) not in seen:
+            seen.add(id(parameter))
+            trainable.append((name, parameter))
+    return trainable
+
+
+def _numpy_spec(name: str, parameter: torch.Tensor) -> np.ndarray:
+    """An empty numpy array of the gradient's shape and dtype (what the reducer sees)."""
+    if parameter.device.type != "cpu":
+        raise UnsupportedDtypeError(
+            f"parameter {name!r} is on {parameter.device}: DistributedOptimizer reduces "
+            f"gradients of CPU parameters; device tensors are not supported yet")
+    try:
+        dtype = torch.empty(0, dtype=parameter.dtype).numpy().dtype
+    except TypeError:
+        raise UnsupportedDtypeError(
+            f"parameter {name!r} has dtype {parameter.dtype}, which cannot be reduced; "
+            f"keep a float32 master copy (mixed precision) or use float16") from None
+    return np.empty(tuple(parameter.shape), dtype)
