@@ -167,6 +167,19 @@ class GradientReducer:
         with self._lock:
             return self._started
 
+    def check_accumulation(self, index: int) -> None:
+        """Raise UsageError if gradient ``index`` already had all its backward passes this
+        step: adding to it now would race with its reduction. Frameworks that can call
+        this before accumulating (PyTorch's tensor hooks) keep the gradient intact."""
+        if self._passes[index] >= self._passes_per_step:
+            raise UsageError(self._too_many_passes(index, self._passes[index] + 1))
+
+    def _too_many_passes(self, index: int, passes: int) -> str:
+        return (f"gradient {self.specs[index].name!r} was computed {passes} times before "
+                f"step() or synchronize(), but backward_passes_per_step is "
+                f"{self._passes_per_step}; raise backward_passes_per_step to accumulate "
+                f"gradients locally over more passes")
+
     def mark_ready(self, index: int, gradient: np.ndarray) -> None:
         """Say that ``gradient`` (the array of gradient ``index``) got one more backward pass.
 
@@ -190,11 +203,8 @@ class GradientReducer:
             if self._passes[index] < self._passes_per_step:
                 return
             if self._passes[index] > self._passes_per_step:
-                raise UsageError(
-                    f"gradient {spec.name!r} was computed {self._passes[index]} times "
-                    f"before step() or synchronize(), but backward_passes_per_step is "
-                    f"{self._passes_per_step}; raise backward_passes_per_step to "
-                    f"accumulate gradients locally over more passes")
+                self._passes[index] -= 1
+                raise UsageError(self._too_many_passes(index, self._passes[index] + 1))
             self._gradients[index] = gradient
             bucket = self._bucket_of[index]
             self._missing[bucket] -= 1
@@ -224,7 +234,7 @@ class GradientReducer:
                     if self._gradients[index] is None:
                         spec = self.specs[index]
                         if missing is None:
-                            unmarked.append(spec.name)
+                            unmarked.append(index)
                             self._gradients[index] = np.zeros(spec.shape, spec.dtype)
                         else:
                             self._gradients[index] = missing(index)
@@ -234,8 +244,9 @@ class GradientReducer:
             self._reset()
         _wait_all(handles)
         if unmarked:
+            names = ", ".join(repr(self.specs[i].name) for i in sorted(unmarked))
             raise UsageError(
-                f"gradient(s) {', '.join(map(repr, unmarked))} were not marked ready this "
+                f"gradient(s) {names} were not marked ready this "
                 f"step; they were reduced as zeros and their results dropped")
 
     def _launch_ready_buckets(self) -> None:

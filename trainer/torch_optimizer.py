@@ -71,8 +71,8 @@ class TorchDistributedOptimizer(torch.optim.Optimizer):
             postscale_factor=postscale, process_set=process_set,
             fusion_threshold=fusion_threshold, first_bucket_bytes=first_bucket_bytes,
             backward_passes_per_step=backward_passes_per_step)
-        self._hooks = [p.register_post_accumulate_grad_hook(self._gradient_hook(i))
-                       for i, (_, p) in enumerate(self._parameters)]
+        self._hooks = [hook for i, (_, p) in enumerate(self._parameters)
+                       for hook in self._register_hooks(i, p)]
         self._should_synchronize = True
         self._synchronized = False
 
@@ -198,13 +198,19 @@ class TorchDistributedOptimizer(torch.optim.Optimizer):
     def __getstate__(self) -> Any:
         raise TypeError("a DistributedOptimizer cannot be pickled; save state_dict() instead")
 
-    def _gradient_hook(self, index: int) -> Callable[[torch.Tensor], None]:
+    def _register_hooks(self, index: int, parameter: torch.Tensor) -> list[Any]:
+        """A hook before accumulation that refuses a pass too many (before ``.grad``
+        changes under its reduction), and one after it that hands over the gradient."""
         reducer = self._reducer
 
-        def hook(parameter: torch.Tensor) -> None:
+        def before_accumulation(gradient: torch.Tensor) -> None:
+            reducer.check_accumulation(index)
+
+        def after_accumulation(parameter: torch.Tensor) -> None:
             reducer.mark_ready(index, parameter.grad.detach().numpy())
 
-        return hook
+        return [parameter.register_hook(before_accumulation),
+                parameter.register_post_accumulate_grad_hook(after_accumulation)]
 
     def _missing_gradient(self, index: int) -> np.ndarray:
         parameter = self._parameters[index][1]
@@ -215,7 +221,7 @@ class TorchDistributedOptimizer(torch.optim.Optimizer):
     def _synchronized_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         def run() -> Any:
             loss = closure()
-            self.synchronize()
+            self._reducer.wait(missing=self._missing_gradient)
             return loss
 
         return run

@@ -53,7 +53,7 @@ class _Exchange:
     """The per-step exchange: [any rank active, highest active world rank], max-combined."""
 
     def __init__(self, reducer: Any, result: JoinResult):
-        group = resolve_group(reducer.process_set, "join")
+        group = resolve_group(reducer.process_set, "join", _NAME)
         self._world_rank = group.world_rank
         self._flags = np.empty(2, np.int64)
         self._plan = allreduce_plan(self._flags, Max, _NAME, 1.0, 1.0, reducer.process_set,
