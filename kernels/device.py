@@ -474,9 +474,39 @@ def abs_max(values: Any) -> tuple[float, bool]:
     return float(found[0]), bool(count[0])
 
 
+def staging_buffers(like: Any, size: int, dtype: Any) -> tuple[Any, np.ndarray]:
+    """A 1-D device buffer on ``like``'s stream and a pinned host buffer, both of ``size``
+    elements of ``dtype``: the two ends of a copy through host memory."""
+    dtype = np.dtype(dtype)
+    return (cuda.device_array(size, dtype, stream=_stream(like)),
+            cuda.pinned_array(size, dtype))
+
+
+def copy_to_host(device_buffer: Any, host_buffer: np.ndarray) -> None:
+    """Copy a device buffer into a host buffer; returns once the copy is done."""
+    stream = _stream(device_buffer)
+    _array(device_buffer).copy_to_host(host_buffer, stream=stream)
+    stream.synchronize()
+
+
+def copy_to_device(host_buffer: np.ndarray, device_buffer: Any) -> None:
+    """Copy a host buffer into a device buffer, ordered before later work on its stream."""
+    _array(device_buffer).copy_to_device(host_buffer, stream=_stream(device_buffer))
+
+
+def synchronize(array: Any) -> None:
+    """Wait until the work queued on ``array``'s stream is done."""
+    _stream(array).synchronize()
+
+
 def empty_like(array: Any, dtype: Any) -> Any:
     """A new uninitialised device array of ``array``'s shape and the given dtype."""
     return cuda.device_array(_described(array).shape, np.dtype(dtype), stream=_stream(array))
+
+
+def zeros(like: Any, shape: Sequence[int], dtype: Any) -> Any:
+    """A new zeroed device array of ``shape`` and ``dtype``, on ``like``'s stream."""
+    return cuda.to_device(np.zeros(tuple(shape), np.dtype(dtype)), stream=_stream(like))
 
 
 def zeros_like(array: Any) -> Any:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -19,3 +22,27 @@ def test_program(program, nprocs):
     summary = re.search(rf"{program}\.py np={nprocs}: all (\d+) checks passed", output)
     assert summary, f"no summary line in the output of {program}.py np={nprocs}:\n{output}"
     assert int(summary.group(1)) >= 17, output
+
+
+@pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
+def test_device_gradients_on_the_cuda_simulator(nprocs):
+    output = run_mpi("trainer_device", nprocs, timeout=240, env={"NUMBA_ENABLE_CUDASIM": "1"})
+    assert re.search(rf"trainer_device\.py np={nprocs}: all 5 checks passed", output), output
+
+
+def _gpu_found() -> bool:
+    probe = "from numba import cuda; print(cuda.is_available())"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            env={k: v for k, v in os.environ.items()
+                                 if k != "NUMBA_ENABLE_CUDASIM"})
+    return result.stdout.strip() == "True"
+
+
+def test_device_gradients_on_a_gpu():
+    """Two ranks sharing the GPU; skips without one unless RINGTRAIN_TEST_GPU=1 demands it."""
+    if os.environ.get("RINGTRAIN_TEST_GPU") != "1" and not _gpu_found():
+        pytest.skip("no CUDA GPU (RINGTRAIN_TEST_GPU=1 makes this a failure)")
+    environment = {"NUMBA_ENABLE_CUDASIM": "0"}
+    output = run_mpi("trainer_device", 2, timeout=300, env=environment)
+    summary = re.search(r"trainer_device\.py np=2: all (\d+) checks passed", output)
+    assert summary and int(summary.group(1)) >= 5, output

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..collectives import Average, Compression, Compressor, ProcessSet, ReduceOp
 from ..collectives.errors import InvalidArgumentError, UsageError
+from ..kernels import twin_for
 from .reducer import GradientReducer, predivide_factors
 
 
@@ -177,14 +178,17 @@ def _checked_triples(named_parameters: Iterable[tuple[str, Any, Any]]) -> dict[s
             raise InvalidArgumentError(
                 f"named_parameters[{position}]: expected a (name, parameter, gradient) "
                 f"triple, got {type(entry).__name__}") from None
-        if not isinstance(gradient, np.ndarray):
+        try:
+            twin_for(gradient)
+        except TypeError:
             raise InvalidArgumentError(
-                f"gradient of {name!r}: expected a numpy array, got {type(gradient).__name__}")
-        if tuple(gradient.shape) != tuple(np.shape(parameter)):
+                f"gradient of {name!r}: expected a numpy array or a device array, got "
+                f"{type(gradient).__name__}") from None
+        if tuple(gradient.shape) != tuple(parameter.shape):
             raise InvalidArgumentError(
-                f"gradient of {name!r} has shape {gradient.shape}, its parameter "
-                f"{tuple(np.shape(parameter))}")
-        if not gradient.flags.writeable:
+                f"gradient of {name!r} has shape {tuple(gradient.shape)}, its parameter "
+                f"{tuple(parameter.shape)}")
+        if isinstance(gradient, np.ndarray) and not gradient.flags.writeable:
             raise InvalidArgumentError(f"gradient of {name!r} is read-only")
         if name in gradients and name not in repeated:
             repeated.append(name)

@@ -12,6 +12,7 @@ large scaled gradients inside fp16's range on the wire.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ import numpy as np
 from ..collectives import Max, allreduce_
 from ..collectives.errors import InvalidArgumentError
 from ..kernels import abs_max, scale_into
+from ..kernels.dispatch import dtype_of
 
 _NAME = "loss scaler: overflow"
 
@@ -84,14 +86,14 @@ class DynamicLossScaler:
         """
         optimizer.synchronize()
         gradients = optimizer.gradient_arrays()
-        overflow = any(abs_max(g)[1] for g in gradients if g.size)
+        overflow = any(abs_max(g)[1] for g in gradients if math.prod(g.shape))
         if self._agreed_overflow(overflow, optimizer.reducer.process_set):
             self._scale = max(self._scale * self.backoff_factor, self.min_scale)
             self._clean_steps = 0
             self.skipped_steps += 1
             return False
         for gradient in gradients:
-            if gradient.dtype.kind == "f":
+            if dtype_of(gradient).kind == "f":
                 scale_into(gradient, 1.0 / self._scale, gradient)
         with optimizer.skip_synchronize():
             optimizer.step()

@@ -29,7 +29,8 @@ from ..collectives._allreduce import allreduce_plan, reduce_planned
 from ..collectives._calls import execute
 from ..collectives._executor import Handle
 from ..collectives.errors import InvalidArgumentError, UsageError
-from ..kernels import FusionLayout, pack, unpack
+from ..kernels import FusionLayout, host, pack, twin_for, unpack
+from ..kernels.dispatch import dtype_of
 from ..kernels.layout import DEFAULT_ALIGNMENT_BYTES
 from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec, assign_buckets
 from ._buckets import fusion_threshold as resolve_fusion_threshold
@@ -61,6 +62,7 @@ class Bucket:
         alignment = dtype.itemsize if len(members) == 1 else DEFAULT_ALIGNMENT_BYTES
         self.layout = FusionLayout([specs[i].shape for i in members], dtype, alignment)
         self.buffer: np.ndarray | None = None
+        self.device_buffer: Any = None
 
     @property
     def nbytes(self) -> int:
@@ -70,6 +72,10 @@ class Bucket:
     def reduce(self, plan: Any, gradients: list[np.ndarray], prescale_factor: float,
                postscale_factor: float) -> None:
         """Allreduce ``gradients`` in place (runs on the collectives thread)."""
+        twin = twin_for(gradients[0])
+        if twin is not host:
+            self._reduce_staged(twin, plan, gradients, prescale_factor, postscale_factor)
+            return
         if len(gradients) == 1 and gradients[0].flags.c_contiguous:
             flat = gradients[0].reshape(-1)
             reduce_planned(plan, _COLLECTIVE, self.name, flat, flat, prescale_factor,
@@ -81,6 +87,21 @@ class Bucket:
         reduce_planned(plan, _COLLECTIVE, self.name, self.buffer, self.buffer, 1.0,
                        postscale_factor)
         unpack(self.layout, self.buffer, gradients)
+
+    def _reduce_staged(self, device: Any, plan: Any, gradients: list[Any],
+                       prescale_factor: float, postscale_factor: float) -> None:
+        """Device gradients: pack on the GPU (one launch), reduce through pinned host
+        memory, unpack on the GPU; done when this returns."""
+        if self.device_buffer is None:
+            self.device_buffer, self.buffer = device.staging_buffers(
+                gradients[0], self.layout.total_size, self.layout.dtype)
+        pack(self.layout, gradients, self.device_buffer, prescale_factor)
+        device.copy_to_host(self.device_buffer, self.buffer)
+        reduce_planned(plan, _COLLECTIVE, self.name, self.buffer, self.buffer, 1.0,
+                       postscale_factor)
+        device.copy_to_device(self.buffer, self.device_buffer)
+        unpack(self.layout, self.device_buffer, gradients)
+        device.synchronize(self.device_buffer)
 
 
 class GradientReducer:
@@ -193,10 +214,11 @@ class GradientReducer:
                 :meth:`wait`.
         """
         spec = self.specs[index]
-        if gradient.shape != spec.shape or gradient.dtype != spec.dtype:
+        shape, dtype = tuple(gradient.shape), dtype_of(gradient)
+        if shape != spec.shape or dtype != spec.dtype:
             raise InvalidArgumentError(
-                f"gradient {spec.name!r} has shape {gradient.shape} and dtype "
-                f"{gradient.dtype}; registered as {spec.shape} {spec.dtype}")
+                f"gradient {spec.name!r} has shape {shape} and dtype {dtype}; registered "
+                f"as {spec.shape} {spec.dtype}")
         with self._lock:
             self._started = True
             self._passes[index] += 1
@@ -235,7 +257,7 @@ class GradientReducer:
                         spec = self.specs[index]
                         if missing is None:
                             unmarked.append(index)
-                            self._gradients[index] = np.zeros(spec.shape, spec.dtype)
+                            self._gradients[index] = self._zeros_like_marked(spec)
                         else:
                             self._gradients[index] = missing(index)
                 self._missing[bucket.index] = 0
@@ -248,6 +270,13 @@ class GradientReducer:
             raise UsageError(
                 f"gradient(s) {names} were not marked ready this "
                 f"step; they were reduced as zeros and their results dropped")
+
+    def _zeros_like_marked(self, spec: GradientSpec) -> Any:
+        """Zeros where the step's gradients live (host, or the device of a marked one)."""
+        marked = next((g for g in self._gradients if g is not None), None)
+        if marked is None or twin_for(marked) is host:
+            return np.zeros(spec.shape, spec.dtype)
+        return twin_for(marked).zeros(marked, spec.shape, spec.dtype)
 
     def _launch_ready_buckets(self) -> None:
         while self._next_launch < len(self.buckets) and \

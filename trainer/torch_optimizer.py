@@ -31,7 +31,9 @@ class TorchDistributedOptimizer(torch.optim.Optimizer):
     """Wraps a ``torch.optim.Optimizer`` so that ``step()`` uses gradients reduced across ranks.
 
     Args:
-        optimizer: the optimizer to wrap; its parameters must be on the CPU.
+        optimizer: the optimizer to wrap; its parameters on the CPU or on CUDA devices
+            (each bucket is packed on the GPU in one kernel launch and reduced through
+            pinned host memory).
         named_parameters: ``model.named_parameters()``: names every parameter in error
             messages, and its order (the model's) decides the fusion buckets. Every
             parameter of ``optimizer`` must be named; names must be unique.
@@ -207,7 +209,7 @@ class TorchDistributedOptimizer(torch.optim.Optimizer):
             reducer.check_accumulation(index)
 
         def after_accumulation(parameter: torch.Tensor) -> None:
-            reducer.mark_ready(index, parameter.grad.detach().numpy())
+            reducer.mark_ready(index, _array_of(parameter.grad))
 
         return [parameter.register_hook(before_accumulation),
                 parameter.register_post_accumulate_grad_hook(after_accumulation)]
@@ -216,7 +218,7 @@ class TorchDistributedOptimizer(torch.optim.Optimizer):
         parameter = self._parameters[index][1]
         if parameter.grad is None:
             parameter.grad = torch.zeros_like(parameter)
-        return parameter.grad.detach().numpy()
+        return _array_of(parameter.grad)
 
     def _synchronized_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         def run() -> Any:
@@ -264,12 +266,19 @@ def _named_trainable_parameters(
     return trainable
 
 
+def _array_of(gradient: torch.Tensor) -> Any:
+    """What the reducer takes: a numpy view of a CPU tensor, the CUDA tensor itself."""
+    if gradient.device.type == "cpu":
+        return gradient.detach().numpy()
+    return gradient.detach()
+
+
 def _numpy_spec(name: str, parameter: torch.Tensor) -> np.ndarray:
     """An empty numpy array of the gradient's shape and dtype (what the reducer sees)."""
-    if parameter.device.type != "cpu":
+    if parameter.device.type not in ("cpu", "cuda"):
         raise UnsupportedDtypeError(
             f"parameter {name!r} is on {parameter.device}: DistributedOptimizer reduces "
-            f"gradients of CPU parameters; device tensors are not supported yet")
+            f"gradients of CPU and CUDA parameters")
     try:
         dtype = torch.empty(0, dtype=parameter.dtype).numpy().dtype
     except TypeError:
