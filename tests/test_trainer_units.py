@@ -20,10 +20,19 @@ def specs(*sizes: int, dtype=F32) -> list[GradientSpec]:
 
 
 def test_buckets_fill_in_reverse_registration_order_with_a_small_first_bucket():
-    # 4-byte elements: sizes in bytes 400, 400, 400, 400, 40, 40
-    buckets = assign_buckets(specs(100, 100, 100, 100, 10, 10), threshold=800,
+    # 4-byte elements: sizes in bytes 400, 400, 400, 400, 40, 40, 20
+    buckets = assign_buckets(specs(100, 100, 100, 100, 10, 10, 5), threshold=800,
                              first_bucket_bytes=60)
-    assert buckets == [[5, 4], [3, 2], [1, 0]]
+    assert buckets == [[6, 5], [4, 3], [2, 1], [0]]
+
+
+def test_a_gradient_that_would_overflow_a_bucket_closes_it_and_a_large_one_travels_alone():
+    # bytes: 4 000 000, 8 000, 4 000 000, 8 000 (weights and biases of large layers)
+    buckets = assign_buckets(specs(1_000_000, 2_000, 1_000_000, 2_000), threshold=1 << 20,
+                             first_bucket_bytes=1 << 16)
+    assert buckets == [[3], [2], [1], [0]]
+    buckets = assign_buckets(specs(10, 10, 10, 300), threshold=200, first_bucket_bytes=1000)
+    assert buckets == [[3], [2, 1, 0]]
 
 
 def test_every_gradient_is_in_exactly_one_bucket():
@@ -31,8 +40,10 @@ def test_every_gradient_is_in_exactly_one_bucket():
     buckets = assign_buckets(specs(*sizes), threshold=20_000, first_bucket_bytes=4_000)
     assert sorted(i for bucket in buckets for i in bucket) == list(range(len(sizes)))
     assert len(buckets) > 5
-    for bucket in buckets[:-1]:
-        assert sum(sizes[i] * 4 for i in bucket) >= 4_000
+    limits = [4_000] + [20_000] * (len(buckets) - 1)
+    for bucket, limit in zip(buckets, limits):
+        assert len(bucket) == 1 or sum(sizes[i] * 4 for i in bucket) <= limit
+    assert [i for bucket in buckets for i in bucket] == list(reversed(range(len(sizes))))
 
 
 def test_threshold_zero_gives_one_bucket_per_gradient_in_reverse_order():

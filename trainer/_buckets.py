@@ -72,27 +72,34 @@ def assign_buckets(specs: Sequence[GradientSpec], threshold: int,
     """Group gradients (given in registration order) into buckets.
 
     Gradients are taken in reverse registration order; each joins the open bucket of its
-    dtype, which closes once it holds at least its limit (``first_bucket_bytes`` for the
-    first bucket closed, ``threshold`` afterwards; with ``threshold`` 0 every gradient is
-    a bucket of its own).
+    dtype, unless it would take that bucket past its limit (``first_bucket_bytes`` for
+    the first bucket closed, ``threshold`` afterwards): then the open bucket is closed
+    first. A bucket closes as soon as it reaches its limit, so a gradient of the limit's
+    size or more travels alone (and is reduced where it lies, with no copy); with
+    ``threshold`` 0 every gradient is a bucket of its own.
 
     Returns:
         Buckets as lists of indices into ``specs``, ordered by when their first gradient
         is expected to be ready: the order in which every rank launches them.
     """
-    first_limit = min(first_bucket_bytes, threshold)
     closed: list[list[int]] = []
     open_buckets: dict[np.dtype, list[int]] = {}
     open_bytes: dict[np.dtype, int] = {}
+
+    def limit() -> int:
+        return min(first_bucket_bytes, threshold) if not closed else threshold
+
+    def close(dtype: np.dtype) -> None:
+        closed.append(open_buckets.pop(dtype))
+        del open_bytes[dtype]
+
     for index in reversed(range(len(specs))):
         spec = specs[index]
-        bucket = open_buckets.setdefault(spec.dtype, [])
-        bucket.append(index)
+        if spec.dtype in open_buckets and open_bytes[spec.dtype] + spec.nbytes > limit():
+            close(spec.dtype)
+        open_buckets.setdefault(spec.dtype, []).append(index)
         open_bytes[spec.dtype] = open_bytes.get(spec.dtype, 0) + spec.nbytes
-        limit = first_limit if not closed else threshold
-        if open_bytes[spec.dtype] >= limit:
-            closed.append(open_buckets.pop(spec.dtype))
-            del open_bytes[spec.dtype]
+        if open_bytes[spec.dtype] >= limit():
+            close(spec.dtype)
     closed.extend(open_buckets.values())
-    position = {index: len(specs) - index for index in range(len(specs))}
-    return sorted(closed, key=lambda bucket: position[bucket[0]])
+    return sorted(closed, key=lambda bucket: -bucket[0])

@@ -50,11 +50,12 @@ def tolerance(compression: str, gradient_max: float) -> float:
     """How far the distributed parameters may be from the single-process ones.
 
     Uncompressed, only the order of float32 additions differs: a few ulps of the
-    parameters (about 0.5 here, ulp 6e-8). Compressed, each step's averaged gradient is off by at most
-    2·N·u·max|g| (each rank's value and each of the N-1 partial sums rounded once to the
-    16-bit format, u its unit roundoff); the update multiplies that by the learning rate
-    and momentum adds up to 1/(1-0.5) = 2 of it per step; a factor 2 covers the change
-    of later gradients caused by earlier errors. Summed over the steps.
+    parameters (about 0.5 here, ulp 6e-8). Compressed, each step's averaged gradient is
+    off by at most 2·N·u·max|g| (each rank's value and each of the N-1 partial sums
+    rounded once to the 16-bit format, u its unit roundoff); the update multiplies that
+    by the learning rate, and momentum adds up to 1/(1-0.5) = 2 of it per step; a factor
+    2 covers the change of later gradients caused by earlier errors. Summed over the
+    steps.
     """
     per_step = 2 * rt.size() * UNIT_ROUNDOFF[compression] * gradient_max * LR * 2 * 2
     return 1e-6 + STEPS * per_step
