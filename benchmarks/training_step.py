@@ -13,9 +13,11 @@ One model, one per-rank batch, four ways to train it (``--configs``):
               buckets, the first 1 MiB)
     local     every rank trains alone, with no communication at all: the compute-only time
 
-Two models (``--model``): ``many-small``, 50 blocks of Linear(64, 64) + LayerNorm(64) + ReLU
+Models (``--model``): ``many-small``, 50 blocks of Linear(64, 64) + LayerNorm(64) + ReLU
 (200 tensors, 0.86 MB of gradients), where per-message costs dominate; ``few-large``, 3
-Linear(2048, 2048) with ReLU between (6 tensors, 50 MB), where bandwidth does. A step is
+Linear(2048, 2048) with ReLU between (6 tensors, 50 MB), where bandwidth does; ``medium``,
+24 blocks of Linear(512, 512) + LayerNorm(512) + ReLU (96 tensors, 25 MB), where the
+fusion threshold matters most (not run by default). A step is
 ``zero_grad(); mse_loss(model(x), y).backward(); step()`` with SGD (momentum 0.9) on random
 data made once per rank. Every configuration trains its own copy of the model, built from
 the same seed (the same initial weights on every rank).
@@ -113,11 +115,22 @@ def few_large() -> nn.Module:
                          nn.Linear(2048, 2048))
 
 
+def medium() -> nn.Module:
+    """24 blocks of Linear(512, 512) + LayerNorm(512) + ReLU: 96 tensors of 2 KB to 1 MB,
+    25 MB in all, the middle ground where the fusion threshold matters most."""
+    blocks: list[nn.Module] = []
+    for _ in range(24):
+        blocks += [nn.Linear(512, 512), nn.LayerNorm(512), nn.ReLU()]
+    return nn.Sequential(*blocks)
+
+
 MODELS = {
     "many-small": ModelSpec("many-small", "50 x (Linear(64, 64) + LayerNorm(64) + ReLU)", 64,
                             many_small),
     "few-large": ModelSpec("few-large", "3 x Linear(2048, 2048), ReLU between", 2048,
                            few_large),
+    "medium": ModelSpec("medium", "24 x (Linear(512, 512) + LayerNorm(512) + ReLU)", 512,
+                        medium),
 }
 
 

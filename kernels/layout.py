@@ -64,6 +64,7 @@ class FusionLayout:
                         zip(self.offsets, self.sizes, aligned) if a > n]
         self.tasks = self._tasks()
         self.device_tables: dict[Any, Any] = {}
+        self._last_views: tuple[Any, list[Any]] | None = None
 
     @classmethod
     def of(cls, arrays: Sequence[Any],
@@ -94,12 +95,26 @@ class FusionLayout:
         return np.zeros(self.total_size, self.dtype)
 
     def views(self, buffer: Any) -> list[Any]:
-        """Each tensor's place in ``buffer``, as an array of its shape (no copy)."""
-        return [buffer[o:o + n].reshape(s)
-                for o, n, s in zip(self.offsets.tolist(), self.sizes.tolist(), self.shapes)]
+        """Each tensor's place in ``buffer``, as an array of its shape (no copy).
+
+        The views of the last buffer asked about are kept: a fusion buffer is packed and
+        unpacked every step, and slicing hundreds of views costs more than copying
+        small tensors.
+        """
+        cached = self._last_views
+        if cached is not None and cached[0] is buffer:
+            return cached[1]
+        views = [buffer[o:o + n].reshape(s)
+                 for o, n, s in zip(self.offsets.tolist(), self.sizes.tolist(), self.shapes)]
+        self._last_views = (buffer, views)
+        return views
 
     def check(self, tensors: Sequence[Any], buffer: Any) -> None:
         """Raise ValueError unless ``tensors`` and ``buffer`` fit this layout."""
+        if [tuple(t.shape) for t in tensors] == self.shapes and \
+                all(t.dtype == self.dtype for t in tensors) and \
+                tuple(buffer.shape) == (self.total_size,) and buffer.dtype == self.dtype:
+            return
         if len(tensors) != self.count:
             raise ValueError(f"layout holds {self.count} tensors, got {len(tensors)}")
         for index, (tensor, shape) in enumerate(zip(tensors, self.shapes)):

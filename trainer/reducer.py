@@ -214,7 +214,10 @@ class GradientReducer:
                 :meth:`wait`.
         """
         spec = self.specs[index]
-        shape, dtype = tuple(gradient.shape), dtype_of(gradient)
+        if type(gradient) is np.ndarray:
+            shape, dtype = gradient.shape, gradient.dtype
+        else:
+            shape, dtype = tuple(gradient.shape), dtype_of(gradient)
         if shape != spec.shape or dtype != spec.dtype:
             raise InvalidArgumentError(
                 f"gradient {spec.name!r} has shape {shape} and dtype {dtype}; registered "
@@ -352,17 +355,21 @@ class _Step:
 
 
 def _wait_all(handles: list[Handle]) -> None:
-    """Wait for every handle; raise the first error once all are done."""
-    first_error: BaseException | None = None
-    for handle in handles:
+    """Wait for every handle; raise the first failure (in launch order) once all are done.
+
+    The collectives thread runs them in order, so waiting for the last first wakes this
+    thread once instead of once per bucket.
+    """
+    failures: list[tuple[Handle, BaseException]] = []
+    for handle in reversed(handles):
         try:
             handle.wait()
         except BaseException as error:  # the others must still finish first
-            if first_error is None:
-                error.add_note(f"while reducing {handle.name}")
-                first_error = error
-    if first_error is not None:
-        raise first_error
+            failures.append((handle, error))
+    if failures:
+        handle, error = failures[-1]
+        error.add_note(f"while reducing {handle.name}")
+        raise error
 
 
 def _specs(gradients: Sequence[tuple[str, Any]]) -> list[GradientSpec]:
