@@ -26,13 +26,17 @@ def test_buckets_fill_in_reverse_registration_order_with_a_small_first_bucket():
     assert buckets == [[6, 5], [4, 3], [2, 1], [0]]
 
 
-def test_a_gradient_that_would_overflow_a_bucket_closes_it_and_a_large_one_travels_alone():
+def test_large_gradients_travel_alone_and_small_ones_fuse_across_them():
     # bytes: 4 000 000, 8 000, 4 000 000, 8 000 (weights and biases of large layers)
     buckets = assign_buckets(specs(1_000_000, 2_000, 1_000_000, 2_000), threshold=1 << 20,
                              first_bucket_bytes=1 << 16)
-    assert buckets == [[3], [2], [1], [0]]
+    assert buckets == [[2], [3, 1], [0]]  # ordered by when each is complete
     buckets = assign_buckets(specs(10, 10, 10, 300), threshold=200, first_bucket_bytes=1000)
     assert buckets == [[3], [2, 1, 0]]
+    buckets = assign_buckets(specs(100, 100, 100), threshold=1 << 20, alone_bytes=400)
+    assert buckets == [[2], [1], [0]]
+    buckets = assign_buckets(specs(99, 99, 99), threshold=1 << 20, alone_bytes=400)
+    assert buckets == [[2, 1, 0]]
 
 
 def test_every_gradient_is_in_exactly_one_bucket():

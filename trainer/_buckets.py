@@ -7,6 +7,9 @@ overlaps the rest of the backward pass. The first bucket is kept small (its
 allreduce should start as soon as possible); the others grow up to the fusion
 threshold, large enough that per-message costs vanish, small enough that
 communication starts long before the backward pass ends. A bucket holds one dtype.
+Large gradients travel alone, reduced in place: fusion pays off for small tensors, whose
+messages cost more than their bytes, not for large ones, whose copies into and out of
+a bucket would cost more than their message.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ DEFAULT_FUSION_THRESHOLD = 8 << 20
 
 DEFAULT_FIRST_BUCKET_BYTES = 1 << 20
 """The first bucket's limit: small, so communication starts early in the backward pass."""
+
+DEFAULT_ALONE_BYTES = 256 << 10
+"""Gradients this large are never copied into a bucket: on the host, copying one in and
+out costs more than the message it would save (see docs/trainer.md)."""
 
 FUSION_THRESHOLD_VARIABLE = "RINGTRAIN_FUSION_THRESHOLD"
 
@@ -68,19 +75,21 @@ def fusion_threshold(explicit: int | None = None) -> int:
 
 
 def assign_buckets(specs: Sequence[GradientSpec], threshold: int,
-                   first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES) -> list[list[int]]:
+                   first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
+                   alone_bytes: int = DEFAULT_ALONE_BYTES) -> list[list[int]]:
     """Group gradients (given in registration order) into buckets.
 
-    Gradients are taken in reverse registration order; each joins the open bucket of its
-    dtype, unless it would take that bucket past its limit (``first_bucket_bytes`` for
-    the first bucket closed, ``threshold`` afterwards): then the open bucket is closed
-    first. A bucket closes as soon as it reaches its limit, so a gradient of the limit's
-    size or more travels alone (and is reduced where it lies, with no copy); with
-    ``threshold`` 0 every gradient is a bucket of its own.
+    Gradients are taken in reverse registration order. One of ``alone_bytes`` or more
+    (or as large as the bucket limit) is a bucket of its own, reduced where it lies.
+    Each other one joins the open bucket of its dtype, unless it would take that bucket
+    past its limit (``first_bucket_bytes`` for the first bucket closed, ``threshold``
+    afterwards): then the open bucket is closed first. With ``threshold`` 0 every
+    gradient is a bucket of its own.
 
     Returns:
-        Buckets as lists of indices into ``specs``, ordered by when their first gradient
-        is expected to be ready: the order in which every rank launches them.
+        Buckets as lists of indices into ``specs``, ordered by when they are expected to
+        be complete (their last gradient ready): the order in which every rank
+        launches them.
     """
     closed: list[list[int]] = []
     open_buckets: dict[np.dtype, list[int]] = {}
@@ -95,6 +104,9 @@ def assign_buckets(specs: Sequence[GradientSpec], threshold: int,
 
     for index in reversed(range(len(specs))):
         spec = specs[index]
+        if spec.nbytes >= min(alone_bytes, limit()):
+            closed.append([index])
+            continue
         if spec.dtype in open_buckets and open_bytes[spec.dtype] + spec.nbytes > limit():
             close(spec.dtype)
         open_buckets.setdefault(spec.dtype, []).append(index)
@@ -102,4 +114,4 @@ def assign_buckets(specs: Sequence[GradientSpec], threshold: int,
         if open_bytes[spec.dtype] >= limit():
             close(spec.dtype)
     closed.extend(open_buckets.values())
-    return sorted(closed, key=lambda bucket: -bucket[0])
+    return sorted(closed, key=lambda bucket: -bucket[-1])
