@@ -69,9 +69,11 @@ class Bucket:
         """Bytes of the bucket's gradients, padding included."""
         return self.layout.nbytes
 
-    def reduce(self, plan: Any, gradients: list[np.ndarray], prescale_factor: float,
-               postscale_factor: float) -> None:
+    def reduce(self, plan: Any, gradients: list[Any], prescale_factor: float,
+               postscale_factor: float, as_array: Callable[[Any], Any] | None) -> None:
         """Allreduce ``gradients`` in place (runs on the collectives thread)."""
+        if as_array is not None:
+            gradients = [as_array(g) for g in gradients]
         twin = twin_for(gradients[0])
         if twin is not host:
             self._reduce_staged(twin, plan, gradients, prescale_factor, postscale_factor)
@@ -123,6 +125,11 @@ class GradientReducer:
         backward_passes_per_step: a gradient is ready after this many
             :meth:`mark_ready` calls (local accumulation between reductions).
         algorithm: the allreduce algorithm (default: the ``allreduce_algorithm`` setting).
+        as_array: turns what :meth:`mark_ready` and ``missing`` give into the array to
+            reduce, on the collectives thread, and returns arrays unchanged. A
+            framework whose gradients always have their parameter's shape and dtype
+            (PyTorch) passes its tensors and this converter, which keeps
+            :meth:`mark_ready` cheap: it then checks nothing.
 
     Raises:
         InvalidArgumentError, UnsupportedDtypeError: duplicate or empty names, bad
@@ -135,17 +142,20 @@ class GradientReducer:
                  postscale_factor: float = 1.0, process_set: ProcessSet | None = None, *,
                  fusion_threshold: int | None = None,
                  first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
-                 backward_passes_per_step: int = 1, algorithm: str | None = None):
+                 backward_passes_per_step: int = 1, algorithm: str | None = None,
+                 as_array: Callable[[Any], Any] | None = None):
         self.specs = _specs(gradients)
+        self._as_array = as_array
         self.process_set = process_set
         self.fusion_threshold = resolve_fusion_threshold(fusion_threshold)
         self.backward_passes_per_step = backward_passes_per_step
         groups = assign_buckets(self.specs, self.fusion_threshold, first_bucket_bytes)
         self.buckets = [Bucket(i, len(groups), members, self.specs)
                         for i, members in enumerate(groups)]
-        self._bucket_of = np.empty(len(self.specs), np.int64)
+        self._bucket_of = [0] * len(self.specs)
         for bucket in self.buckets:
-            self._bucket_of[bucket.members] = bucket.index
+            for index in bucket.members:
+                self._bucket_of[index] = bucket.index
         self._prescale = prescale_factor
         self._postscale = postscale_factor
         self._plans = [allreduce_plan(np.empty(bucket.layout.total_size, bucket.layout.dtype),
@@ -213,6 +223,24 @@ class GradientReducer:
             UsageError: more backward passes than ``backward_passes_per_step`` before
                 :meth:`wait`.
         """
+        if self._as_array is None:
+            self._check(index, gradient)
+        with self._lock:
+            self._started = True
+            passes = self._passes[index] + 1
+            if passes < self._passes_per_step:
+                self._passes[index] = passes
+                return
+            if passes > self._passes_per_step:
+                raise UsageError(self._too_many_passes(index, passes))
+            self._passes[index] = passes
+            self._gradients[index] = gradient
+            bucket = self._bucket_of[index]
+            self._missing[bucket] -= 1
+            if bucket == self._next_launch and not self._missing[bucket]:
+                self._launch_ready_buckets()
+
+    def _check(self, index: int, gradient: Any) -> None:
         spec = self.specs[index]
         if type(gradient) is np.ndarray:
             shape, dtype = gradient.shape, gradient.dtype
@@ -222,19 +250,6 @@ class GradientReducer:
             raise InvalidArgumentError(
                 f"gradient {spec.name!r} has shape {shape} and dtype {dtype}; registered "
                 f"as {spec.shape} {spec.dtype}")
-        with self._lock:
-            self._started = True
-            self._passes[index] += 1
-            if self._passes[index] < self._passes_per_step:
-                return
-            if self._passes[index] > self._passes_per_step:
-                self._passes[index] -= 1
-                raise UsageError(self._too_many_passes(index, self._passes[index] + 1))
-            self._gradients[index] = gradient
-            bucket = self._bucket_of[index]
-            self._missing[bucket] -= 1
-            if bucket == self._next_launch:
-                self._launch_ready_buckets()
 
     def wait(self, missing: Callable[[int], np.ndarray] | None = None) -> None:
         """Finish the step: launch what is left, wait for every bucket, and return once
@@ -277,6 +292,8 @@ class GradientReducer:
     def _zeros_like_marked(self, spec: GradientSpec) -> Any:
         """Zeros where the step's gradients live (host, or the device of a marked one)."""
         marked = next((g for g in self._gradients if g is not None), None)
+        if marked is not None and self._as_array is not None:
+            marked = self._as_array(marked)
         if marked is None or twin_for(marked) is host:
             return np.zeros(spec.shape, spec.dtype)
         return twin_for(marked).zeros(marked, spec.shape, spec.dtype)
@@ -292,7 +309,8 @@ class GradientReducer:
             bucket = self.buckets[self._next_launch]
             gradients = [self._gradients[i] for i in bucket.members]
             body = functools.partial(self._step.run, bucket.reduce, self._plans[bucket.index],
-                                     gradients, self._prescale, self._postscale)
+                                     gradients, self._prescale, self._postscale,
+                                     self._as_array)
             self._handles.append(execute(_COLLECTIVE, bucket.name, body, asynchronous=True))
             self._next_launch += 1
 

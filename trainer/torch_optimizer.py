@@ -72,7 +72,7 @@ class TorchDistributedOptimizer(torch.optim.Optimizer):
             op=op, compression=compression, prescale_factor=prescale,
             postscale_factor=postscale, process_set=process_set,
             fusion_threshold=fusion_threshold, first_bucket_bytes=first_bucket_bytes,
-            backward_passes_per_step=backward_passes_per_step)
+            backward_passes_per_step=backward_passes_per_step, as_array=_array_of)
         self._hooks = [hook for i, (_, p) in enumerate(self._parameters)
                        for hook in self._register_hooks(i, p)]
         self._should_synchronize = True
@@ -108,9 +108,10 @@ class TorchDistributedOptimizer(torch.optim.Optimizer):
         """Backward passes accumulated locally before gradients are reduced."""
         return self._reducer.backward_passes_per_step
 
-    def gradient_arrays(self) -> list[np.ndarray]:
-        """Numpy views of the gradients (parameters without one get zeros), in order."""
-        return [self._missing_gradient(i) for i in range(len(self._parameters))]
+    def gradient_arrays(self) -> list[Any]:
+        """The gradients as arrays (numpy views, CUDA tensors; parameters without one get
+        zeros), in order."""
+        return [_array_of(self._missing_gradient(i)) for i in range(len(self._parameters))]
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Change ``backward_passes_per_step`` (between steps)."""
@@ -209,7 +210,7 @@ class TorchDistributedOptimizer(torch.optim.Optimizer):
             reducer.check_accumulation(index)
 
         def after_accumulation(parameter: torch.Tensor) -> None:
-            reducer.mark_ready(index, _array_of(parameter.grad))
+            reducer.mark_ready(index, parameter.grad)
 
         return [parameter.register_hook(before_accumulation),
                 parameter.register_post_accumulate_grad_hook(after_accumulation)]
@@ -218,7 +219,7 @@ class TorchDistributedOptimizer(torch.optim.Optimizer):
         parameter = self._parameters[index][1]
         if parameter.grad is None:
             parameter.grad = torch.zeros_like(parameter)
-        return _array_of(parameter.grad)
+        return parameter.grad
 
     def _synchronized_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         def run() -> Any:
@@ -266,8 +267,11 @@ def _named_trainable_parameters(
     return trainable
 
 
-def _array_of(gradient: torch.Tensor) -> Any:
-    """What the reducer takes: a numpy view of a CPU tensor, the CUDA tensor itself."""
+def _array_of(gradient: Any) -> Any:
+    """What the kernels take: a numpy view of a CPU tensor, a CUDA tensor detached;
+    arrays pass unchanged."""
+    if not isinstance(gradient, torch.Tensor):
+        return gradient
     if gradient.device.type == "cpu":
         return gradient.detach().numpy()
     return gradient.detach()
