@@ -34,6 +34,7 @@ import numpy as np
 from ..kernels.host import scale_into
 from ..kernels.reduction import Combine
 from . import _recursive_doubling
+from ._activity import ACTIVITY
 from ._group import Group
 from .errors import MismatchError
 
@@ -124,7 +125,9 @@ def agree(group: Group, call: Call, payload: np.ndarray | None = None,
     Raises:
         MismatchError: on every rank, when any rank's ``call`` differs.
     """
+    ACTIVITY.enter(group.world_ranks, call.fields)
     if group.size == 1:
+        ACTIVITY.agreed()
         if payload is not None:
             scale_into(payload, prescale_factor, result)
         if local_range is None:
@@ -133,6 +136,16 @@ def agree(group: Group, call: Call, payload: np.ndarray | None = None,
     buffers = group.state.get("agreement")
     if buffers is None:
         buffers = group.state["agreement"] = _Buffers()
+    try:
+        return _exchange(group, call, buffers, payload, combine, result, prescale_factor,
+                         local_range)
+    finally:
+        ACTIVITY.agreed()
+
+
+def _exchange(group: Group, call: Call, buffers: _Buffers, payload: np.ndarray | None,
+              combine: Combine | None, result: np.ndarray | None, prescale_factor: float,
+              local_range: tuple[float, bool] | None) -> ValueRange | None:
     header = buffers.header
     header[:2] = call.header
     header[2:] = _NO_RANGE

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from mpi4py import MPI
 import numpy as np
 
+from ._activity import ACTIVITY
 from ._executor import Handle
 from ._world import mpi_threads_supported, world
 from .errors import (CommunicationError, InvalidArgumentError, RingtrainError,
                      UnsupportedDtypeError, subject)
+from .logs import LOGGER, log_call
 
 
 def input_array(tensor: Any, collective: str, name: str | None) -> np.ndarray:
@@ -70,6 +74,17 @@ def execute(collective: str, name: str | None, body: Callable[[], Any],
 
 
 def _guarded(collective: str, name: str | None, body: Callable[[], Any]) -> Any:
+    if not LOGGER.isEnabledFor(logging.DEBUG):
+        return _run(collective, name, body)
+    before, start = ACTIVITY.last, time.perf_counter()
+    try:
+        return _run(collective, name, body)
+    finally:
+        if ACTIVITY.last is not before:
+            log_call(ACTIVITY.last, world().group.world_rank, time.perf_counter() - start)
+
+
+def _run(collective: str, name: str | None, body: Callable[[], Any]) -> Any:
     try:
         return body()
     except MPI.Exception as error:

@@ -8,9 +8,12 @@ import os
 from mpi4py import MPI
 
 from ..kernels import set_host_threads
+from ._activity import ACTIVITY
 from ._executor import Executor
 from ._group import Group
+from ._stall import StallInspector, stall_settings
 from .errors import NotInitializedError, set_rank
+from .logs import LOGGER, configure_logging
 
 
 @dataclasses.dataclass
@@ -32,6 +35,7 @@ class World:
     executor: Executor
     generation: int
     process_set_groups: list[Group] = dataclasses.field(default_factory=list)
+    stall_inspector: StallInspector | None = None
 
 
 _world: World | None = None
@@ -60,8 +64,29 @@ def init(comm: MPI.Comm | None = None) -> None:
     _generation += 1
     _world = World(Group(own, world_ranks), local_comm, cross_comm, Executor(), _generation)
     set_rank(own.Get_rank())
+    configure_logging(own.Get_rank())
+    ACTIVITY.reset()
+    _world.stall_inspector = _start_stall_inspector(own)
     # Ranks on one node share its cores: parallel host kernels take their share only.
     set_host_threads(max(1, _usable_cores() // local_comm.Get_size()))
+
+
+def _start_stall_inspector(own: MPI.Comm) -> StallInspector | None:
+    if own.Get_size() == 1:
+        return None
+    # Every rank duplicates, whatever its settings say: Dup is collective.
+    comm = own.Dup()
+    check_seconds, shutdown_seconds = stall_settings()
+    if check_seconds == 0 and shutdown_seconds == 0:
+        comm.Free()
+        return None
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        LOGGER.warning("the stall inspector is off: MPI was initialized without "
+                       "MPI_THREAD_MULTIPLE (leave mpi4py.rc.thread_level at 'multiple')")
+        comm.Free()
+        return None
+    return StallInspector(comm, ACTIVITY, check_seconds or shutdown_seconds,
+                          shutdown_seconds)
 
 
 def _usable_cores() -> int:
@@ -81,6 +106,8 @@ def shutdown() -> None:
     if world is None:
         return
     world.executor.close()
+    if world.stall_inspector is not None:
+        world.stall_inspector.stop()
     _world = None
     set_rank(None)
     if not MPI.Is_finalized():

@@ -1,0 +1,102 @@
+"""What this rank's collectives are doing, for the stall inspector and the debug log.
+
+The collectives thread writes it (:func:`entered` as a collective's agreement starts,
+:func:`agreed` when every rank has joined it); the stall inspector's thread only reads
+it. Writing costs a few attribute stores per collective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One collective this rank entered.
+
+    Attributes:
+        number: how many collectives this rank had entered on these ranks, this one
+            included (1 for the first): the same on every rank for the same call.
+        collective: e.g. ``"allreduce"``.
+        name: the tensor's name, or None.
+        world_ranks: the ranks taking part.
+        fields: everything the ranks compare (dtype, shape, algorithm, ...).
+        started: ``time.monotonic()`` when this rank entered.
+    """
+
+    number: int
+    collective: str
+    name: str | None
+    world_ranks: tuple[int, ...]
+    fields: dict[str, Any]
+    started: float
+
+    def describe(self) -> str:
+        """``"allreduce of tensor 'w' (call 12 on ranks 0-3)"``."""
+        label = "(unnamed)" if self.name is None else repr(self.name)
+        return (f"{self.collective} of tensor {label} "
+                f"(call {self.number} on {_ranks(self.world_ranks)})")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the call's array(s), from its shape and dtype fields (0 if none)."""
+        shapes, dtypes = self.fields.get("shape"), self.fields.get("dtype")
+        if shapes is None or dtypes is None:
+            return 0
+        if not isinstance(dtypes, tuple):
+            shapes, dtypes = (shapes,), (dtypes,)
+        return sum(math.prod(shape) * np.dtype(dtype).itemsize
+                   for shape, dtype in zip(shapes, dtypes))
+
+
+class Activity:
+    """The collective in progress (``current``), the last one agreed (``last``), and how
+    many were entered on each set of ranks."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything (a new ``init``: every rank starts counting again)."""
+        self.current: Entry | None = None
+        self.last: Entry | None = None
+        self.entered_on: dict[tuple[int, ...], int] = {}
+
+    def enter(self, world_ranks: tuple[int, ...], fields: dict[str, Any]) -> None:
+        """This rank starts a collective's agreement."""
+        number = self.entered_on.get(world_ranks, 0) + 1
+        self.entered_on[world_ranks] = number
+        self.current = Entry(number, fields.get("collective", "?"), fields.get("name"),
+                             world_ranks, fields, time.monotonic())
+
+    def agreed(self) -> None:
+        """Every rank has entered the collective in progress (or it failed)."""
+        self.last, self.current = self.current, None
+
+    def status(self, world_ranks: tuple[int, ...]) -> dict[str, Any]:
+        """What this rank tells a stalled rank: its collective in progress, if any, and
+        how many it has entered on ``world_ranks``."""
+        current, last = self.current, self.last
+        now = time.monotonic()
+        return {
+            "current": None if current is None else
+            (current.describe(), current.world_ranks, current.number, now - current.started),
+            "entered": self.entered_on.get(world_ranks, 0),
+            "last": None if last is None else (last.describe(), now - last.started),
+        }
+
+
+ACTIVITY = Activity()
+
+
+def _ranks(world_ranks: tuple[int, ...]) -> str:
+    if len(world_ranks) > 1 and world_ranks == tuple(range(world_ranks[0],
+                                                           world_ranks[-1] + 1)):
+        return f"ranks {world_ranks[0]}-{world_ranks[-1]}"
+    return "ranks " + ",".join(map(str, world_ranks)) if len(world_ranks) != 1 \
+        else f"rank {world_ranks[0]}"
