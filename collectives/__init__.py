@@ -17,6 +17,8 @@ from ._reducescatter import reducescatter, reducescatter_async
 from ._world import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
                      rank, shutdown, size)
 from .config import ALGORITHMS, Settings, configure, current_settings
+from .logs import set_log_level
+from .timeline import start_timeline, stop_timeline
 from .errors import (CommunicationError, InvalidArgumentError, MismatchError,
                      NonFiniteWarning, NotInitializedError, RingtrainError,
                      UnsupportedDtypeError, UsageError)
@@ -35,6 +37,7 @@ __all__ = [
     "Handle", "poll", "synchronize",
     "Compression", "Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor",
     "Settings", "ALGORITHMS", "configure", "current_settings",
+    "start_timeline", "stop_timeline", "set_log_level",
     "RingtrainError", "MismatchError", "InvalidArgumentError", "UnsupportedDtypeError",
     "CommunicationError", "NotInitializedError", "NonFiniteWarning", "UsageError",
 ]

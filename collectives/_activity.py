@@ -7,7 +7,6 @@ it. Writing costs a few attribute stores per collective.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from typing import Any
@@ -15,7 +14,6 @@ from typing import Any
 import numpy as np
 
 
-@dataclasses.dataclass(frozen=True)
 class Entry:
     """One collective this rank entered.
 
@@ -29,12 +27,16 @@ class Entry:
         started: ``time.monotonic()`` when this rank entered.
     """
 
-    number: int
-    collective: str
-    name: str | None
-    world_ranks: tuple[int, ...]
-    fields: dict[str, Any]
-    started: float
+    __slots__ = ("number", "collective", "name", "world_ranks", "fields", "started")
+
+    def __init__(self, number: int, collective: str, name: str | None,
+                 world_ranks: tuple[int, ...], fields: dict[str, Any], started: float):
+        self.number = number
+        self.collective = collective
+        self.name = name
+        self.world_ranks = world_ranks
+        self.fields = fields
+        self.started = started
 
     def describe(self) -> str:
         """``"allreduce of tensor 'w' (call 12 on ranks 0-3)"``."""

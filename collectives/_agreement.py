@@ -35,6 +35,7 @@ from ..kernels.host import scale_into
 from ..kernels.reduction import Combine
 from . import _recursive_doubling
 from ._activity import ACTIVITY
+from ._tracing import phase
 from ._group import Group
 from .errors import MismatchError
 
@@ -137,8 +138,9 @@ def agree(group: Group, call: Call, payload: np.ndarray | None = None,
     if buffers is None:
         buffers = group.state["agreement"] = _Buffers()
     try:
-        return _exchange(group, call, buffers, payload, combine, result, prescale_factor,
-                         local_range)
+        with phase("wait for ranks"):
+            return _exchange(group, call, buffers, payload, combine, result,
+                             prescale_factor, local_range)
     finally:
         ACTIVITY.agreed()
 

@@ -21,6 +21,7 @@ from ._native import MPI_OPS, sixteen_bit_op
 from ._ops import REDUCE_DTYPES, ReduceOp, check_dtype, check_op_for_dtype, resolve_op
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import allreduce_algorithm
+from ._tracing import phase
 from .config import current_settings
 from .errors import InvalidArgumentError, NonFiniteWarning, subject
 
@@ -315,11 +316,13 @@ def _reduce_compressed(plan: _Plan, collective: str, name: str | None, source: n
     if nonfinite:
         warn_nonfinite(group, value_range, compressor, collective, name)
     scale = compressor.scale_for(value_range.abs_max, group.size)
-    compressor.encode(source, wire, scale * prescale_factor, key=name)
+    with phase("compress", bytes=source.nbytes, format=compressor.name):
+        compressor.encode(source, wire, scale * prescale_factor, key=name)
     reduce_flat(group, plan.algorithm, wire, wire, plan.op, plan.combine, None,
                 plan.settings.segment_bytes, compressor.encoding)
     divisor = group.size if plan.op is ReduceOp.Average else 1
-    compressor.decode(wire, result, postscale_factor / (scale * divisor))
+    with phase("decompress", bytes=result.nbytes, format=compressor.name):
+        compressor.decode(wire, result, postscale_factor / (scale * divisor))
 
 
 def warn_nonfinite(group: Group, value_range: ValueRange, compressor: Compressor,
@@ -350,14 +353,17 @@ def reduce_flat(group: Group, algorithm: str, source: np.ndarray, result: np.nda
     elif algorithm == "recursive_doubling":
         if result is not source:
             result[:] = source
-        _recursive_doubling.allreduce(group, result, combine, segment_bytes)
+        with phase("recursive doubling", bytes=result.nbytes):
+            _recursive_doubling.allreduce(group, result, combine, segment_bytes)
     elif encoding is not None or result.dtype == np.float16:
         send = MPI.IN_PLACE if result is source else [source.view(np.uint16), MPI.UINT16_T]
-        group.comm.Allreduce(send, [result.view(np.uint16), MPI.UINT16_T],
-                             sixteen_bit_op(op, encoding))
+        with phase("MPI allreduce", bytes=result.nbytes):
+            group.comm.Allreduce(send, [result.view(np.uint16), MPI.UINT16_T],
+                                 sixteen_bit_op(op, encoding))
     else:
         send = MPI.IN_PLACE if result is source else source
-        group.comm.Allreduce(send, result, MPI_OPS[op])
+        with phase("MPI allreduce", bytes=result.nbytes):
+            group.comm.Allreduce(send, result, MPI_OPS[op])
     if finish is not None:
         finish(result)
 

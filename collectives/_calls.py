@@ -10,8 +10,10 @@ from typing import Any
 from mpi4py import MPI
 import numpy as np
 
+from . import timeline
 from ._activity import ACTIVITY
 from ._executor import Handle
+from ._tracing import call_span
 from ._world import mpi_threads_supported, world
 from .errors import (CommunicationError, InvalidArgumentError, RingtrainError,
                      UnsupportedDtypeError, subject)
@@ -74,6 +76,14 @@ def execute(collective: str, name: str | None, body: Callable[[], Any],
 
 
 def _guarded(collective: str, name: str | None, body: Callable[[], Any]) -> Any:
+    line = timeline.ACTIVE
+    if line is not None:
+        with call_span(line, collective, name):
+            return _logged(collective, name, body)
+    return _logged(collective, name, body)
+
+
+def _logged(collective: str, name: str | None, body: Callable[[], Any]) -> Any:
     if not LOGGER.isEnabledFor(logging.DEBUG):
         return _run(collective, name, body)
     before, start = ACTIVITY.last, time.perf_counter()

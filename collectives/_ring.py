@@ -36,6 +36,7 @@ import numpy as np
 
 from ..kernels.reduction import Combine
 from ._group import Group
+from ._tracing import phase
 
 REDUCE_SCATTER_TAG = 21
 ALLGATHER_TAG = 22
@@ -124,5 +125,7 @@ def allreduce(group: Group, source: np.ndarray, result: np.ndarray, combine: Com
     """Ring allreduce of 1-D ``source`` into ``result`` (which may be ``source``)."""
     bounds = chunk_bounds(source.size, group.size)
     own = result[bounds[group.rank]:bounds[group.rank + 1]]
-    reduce_scatter(group, source, own, bounds, combine, finish, segment_bytes)
-    allgather(group, result, bounds)
+    with phase("reduce-scatter", bytes=source.nbytes):
+        reduce_scatter(group, source, own, bounds, combine, finish, segment_bytes)
+    with phase("allgather", bytes=result.nbytes):
+        allgather(group, result, bounds)

@@ -14,6 +14,7 @@ from ._group import Group
 from ._stall import StallInspector, stall_settings
 from .errors import NotInitializedError, set_rank
 from .logs import LOGGER, configure_logging
+from .timeline import TIMELINE_VARIABLE, start_timeline, stop_timeline
 
 
 @dataclasses.dataclass
@@ -55,6 +56,10 @@ def init(comm: MPI.Comm | None = None) -> None:
     global _world, _generation
     if _world is not None:
         return
+    path = os.environ.get(TIMELINE_VARIABLE)
+    if path:
+        # Files are named by the job's ranks, also when ringtrain runs on a part of it.
+        start_timeline(path, MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
     base = MPI.COMM_WORLD if comm is None else comm
     own = base.Dup()
     own.Set_name("ringtrain")
@@ -108,6 +113,7 @@ def shutdown() -> None:
     world.executor.close()
     if world.stall_inspector is not None:
         world.stall_inspector.stop()
+    stop_timeline()
     _world = None
     set_rank(None)
     if not MPI.Is_finalized():

@@ -1,9 +1,10 @@
 """The ``ringtrain-run`` command line (also ``python -m ringtrain.launcher``).
 
-``ringtrain-run -np 4 [-H host1:2,host2:2 | --hostfile FILE] [--env NAME=VAL ...] python
-train.py ...`` finds the ``mpiexec`` of the MPI that mpi4py loads, translates the options
-into its vendor's flags and runs every rank under the per-rank supervisor. Bad input
-gets one line on stderr and exit code 2, before anything is started.
+``ringtrain-run -np 4 [-H host1:2,host2:2 | --hostfile FILE] [--env NAME=VAL ...]
+[--timeline PATH] python train.py ...`` finds the ``mpiexec`` of the MPI that mpi4py
+loads, translates the options into its vendor's flags and runs every rank under the
+per-rank supervisor. Bad input gets one line on stderr and exit code 2, before anything
+is started.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .rank_env import usable_cores
 from .restart import (ELASTIC_DIR_VARIABLE, RESTART_COUNT_VARIABLE, DiscoveryError,
                       ElasticOptions, NotEnoughRanks, Placement, discover_hosts,
                       place_on_discovered_hosts, restart_announcement, should_restart)
+from .timeline_merge import TIMELINE_VARIABLE, JobTimeline
 
 PROG = "ringtrain-run"
 USAGE_ERROR = 2
@@ -42,6 +44,8 @@ lines start with [rank]. An unhandled exception on any rank prints its traceback
 stops the job; the exit code is the first failing rank's (128 + N for signal N).
 With --max-restarts K, a failed job is started again (up to K times) and its ranks
 resume from the state they committed with ringtrain.elastic in $RINGTRAIN_ELASTIC_DIR.
+With --timeline PATH, every rank records what its collectives do, and the ranks' records
+are merged into PATH when the job ends: open it in https://ui.perfetto.dev.
 """
 
 
@@ -62,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, allow_abbrev=False, epilog=EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter,
                      usage=f"{PROG} -np N [-H HOST:SLOTS,... | --hostfile FILE] "
-                           "[--env NAME=VALUE ...]\n"
+                           "[--env NAME=VALUE ...] [--timeline PATH]\n"
                            "                     [--max-restarts K] [--min-np N] [--max-np N] "
                            "[--elastic-dir DIR]\n"
                            "                     [--host-discovery-script PATH] "
@@ -82,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="set a variable on every rank (NAME alone passes on its "
                              "value here); may be repeated")
+    parser.add_argument("--timeline", metavar="PATH",
+                        help="record what every rank's collectives do, as a Chrome trace "
+                             "written to PATH when the job ends (view it in Perfetto)")
     elastic = parser.add_argument_group("restarts (elastic training, see ringtrain.elastic)")
     elastic.add_argument("--max-restarts", type=int, default=0, metavar="K",
                          help="start a failed job again, up to K times (default 0)")
@@ -125,6 +132,50 @@ def parse_environment(assignments: Sequence[str]) -> dict[str, str]:
             value = os.environ[name]
         environment[name] = value
     return environment
+
+
+def job_timeline(path: str | None, environment: dict[str, str]) -> JobTimeline | None:
+    """For ``--timeline PATH``: check that PATH can be written here, and give every rank
+    ``RINGTRAIN_TIMELINE`` (the absolute path) in ``environment``.
+
+    Returns:
+        What merges the ranks' files after the job; None without ``--timeline``.
+
+    Raises:
+        UsageError: PATH is a directory or its directory is missing or not writable, or
+            ``--env`` sets ``RINGTRAIN_TIMELINE`` too.
+    """
+    if path is None:
+        return None
+    if TIMELINE_VARIABLE in environment:
+        raise UsageError(f"--timeline and --env {TIMELINE_VARIABLE} both give the timeline: "
+                         "give --timeline alone")
+    timeline = JobTimeline(path)
+    directory = os.path.dirname(timeline.path)
+    if os.path.isdir(timeline.path):
+        raise UsageError(f"--timeline {path}: {timeline.path} is a directory; give a file "
+                         "name, e.g. timeline.json")
+    if not os.path.isdir(directory):
+        raise UsageError(f"--timeline {path}: no directory {directory}")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"--timeline {path}: cannot write in {directory}")
+    environment[TIMELINE_VARIABLE] = timeline.path
+    return timeline
+
+
+def _finish_timeline(timeline: JobTimeline | None) -> None:
+    """Merge the ranks' timelines, once, and say so on one line."""
+    from .job import print_summary
+
+    if timeline is None:
+        return
+    try:
+        line = timeline.collect()
+    except OSError as error:
+        line = (f"cannot write the timeline {timeline.path} ({error.strerror or error}); "
+                "the ranks' files are kept")
+    if line is not None:
+        print_summary(line)
 
 
 def _check_command(command: Sequence[str], local: bool) -> None:
@@ -207,6 +258,7 @@ def _launch(options: argparse.Namespace) -> int:
         command = command[1:]
     hosts = _hosts(options)
     environment = parse_environment(options.env)
+    timeline = job_timeline(options.timeline, environment)
     _check_command(command, local=not hosts and elastic.discovery_script is None)
     try:
         mpiexec = query_mpiexec()
@@ -230,15 +282,16 @@ def _launch(options: argparse.Namespace) -> int:
             options.elastic_dir or created_directory)
     try:
         return _run_with_restarts(options, elastic, mpiexec, command, environment, placement,
-                                  restarting)
+                                  restarting, timeline)
     finally:
+        _finish_timeline(timeline)  # when the job did not get as far as its summary
         if created_directory is not None:
             shutil.rmtree(created_directory, ignore_errors=True)
 
 
 def _run_with_restarts(options: argparse.Namespace, elastic: ElasticOptions, mpiexec: Mpiexec,
                        command: list[str], environment: dict[str, str], placement: Placement,
-                       restarting: bool) -> int:
+                       restarting: bool, timeline: JobTimeline | None = None) -> int:
     from .job import print_summary, run_job_attempt
 
     restart = 0
@@ -255,8 +308,11 @@ def _run_with_restarts(options: argparse.Namespace, elastic: ElasticOptions, mpi
         if options.verbose:
             print(f"{PROG}: {mpiexec.vendor.value} {mpiexec.version}: {shlex.join(argv)}",
                   file=sys.stderr, flush=True)
+        if timeline is not None:
+            timeline.before_start(placement.nprocs)
         result = run_job_attempt(argv, placement.nprocs)
         if not should_restart(result, restart, elastic):
+            _finish_timeline(timeline)  # before the summary, which stays the last line
             if result.summary is not None:
                 spent = f"; no restart left (--max-restarts {elastic.max_restarts})" \
                     if result.exit_code != 0 and elastic.max_restarts > 0 \
@@ -267,6 +323,7 @@ def _run_with_restarts(options: argparse.Namespace, elastic: ElasticOptions, mpi
         try:
             placement = _placement(elastic, placement.nprocs, list(placement.hosts), restart)
         except (DiscoveryError, NotEnoughRanks) as error:
+            _finish_timeline(timeline)
             print_summary(f"{result.summary}; cannot restart: {error}")
             return result.exit_code
         print_summary(restart_announcement(result, placement, restart, elastic))

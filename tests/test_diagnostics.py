@@ -3,6 +3,7 @@ with its rank, errors on the collectives thread reach the caller."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -80,3 +81,30 @@ def test_debug_log_has_a_rank_tagged_line_per_call(nprocs):
 def test_debug_lines_are_off_by_default():
     output = run_mpi("diagnostics_log", 2, timeout=120)
     assert "DEBUG" not in output, output
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3])
+def test_timeline_of_a_small_training_run(nprocs, tmp_path):
+    path = tmp_path / "timeline.json"
+    run_mpi("diagnostics_timeline", nprocs, timeout=120, env={"RINGTRAIN_TIMELINE": str(path)})
+    for rank in range(nprocs):
+        rank_file = path if nprocs == 1 else tmp_path / f"timeline.rank{rank}.json"
+        trace = json.loads(rank_file.read_text())
+        events = trace["traceEvents"]
+        rows = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+        phases: dict[str, set[str]] = {}
+        for event in events:
+            if event["ph"] == "X":
+                assert event["pid"] == rank and event["dur"] >= 0
+                phases.setdefault(rows[event["tid"]], set()).add(event["name"])
+        buckets = [row for row in phases if row.startswith("gradient bucket")]
+        assert "gradient bucket 1/2 [b2, w2, b1]" in buckets, phases
+        assert "gradient bucket 2/2 [w1]" in buckets, phases
+        small = phases["gradient bucket 1/2 [b2, w2, b1]"]
+        assert {"allreduce_", "pack", "unpack", "compress", "decompress"} <= small, small
+        if nprocs > 1:
+            assert {"wait for ranks", "recursive doubling"} <= small, small
+            assert {"reduce-scatter", "allgather"} <= phases["gradient bucket 2/2 [w1]"]
+            assert {"allreduce", "wait for ranks", "MPI allreduce"} <= phases["small"]
+        whole = [e for e in events if e["ph"] == "X" and e["name"] == "allreduce_"]
+        assert all(e["args"]["bytes"] > 0 and e["args"]["algorithm"] for e in whole), whole

@@ -28,6 +28,7 @@ from ..collectives import Average, Compression, Compressor, ProcessSet, ReduceOp
 from ..collectives._allreduce import allreduce_plan, reduce_planned
 from ..collectives._calls import execute
 from ..collectives._executor import Handle
+from ..collectives._tracing import phase
 from ..collectives.errors import InvalidArgumentError, UsageError
 from ..kernels import FusionLayout, host, pack, twin_for, unpack
 from ..kernels.dispatch import dtype_of
@@ -85,10 +86,12 @@ class Bucket:
             return
         if self.buffer is None:
             self.buffer = self.layout.empty_buffer()
-        pack(self.layout, gradients, self.buffer, prescale_factor)
+        with phase("pack", bytes=self.layout.nbytes, tensors=len(gradients)):
+            pack(self.layout, gradients, self.buffer, prescale_factor)
         reduce_planned(plan, _COLLECTIVE, self.name, self.buffer, self.buffer, 1.0,
                        postscale_factor)
-        unpack(self.layout, self.buffer, gradients)
+        with phase("unpack", bytes=self.layout.nbytes, tensors=len(gradients)):
+            unpack(self.layout, self.buffer, gradients)
 
     def _reduce_staged(self, device: Any, plan: Any, gradients: list[Any],
                        prescale_factor: float, postscale_factor: float) -> None:
@@ -97,13 +100,15 @@ class Bucket:
         if self.device_buffer is None:
             self.device_buffer, self.buffer = device.staging_buffers(
                 gradients[0], self.layout.total_size, self.layout.dtype)
-        pack(self.layout, gradients, self.device_buffer, prescale_factor)
-        device.copy_to_host(self.device_buffer, self.buffer)
+        with phase("pack", bytes=self.layout.nbytes, tensors=len(gradients), device=True):
+            pack(self.layout, gradients, self.device_buffer, prescale_factor)
+            device.copy_to_host(self.device_buffer, self.buffer)
         reduce_planned(plan, _COLLECTIVE, self.name, self.buffer, self.buffer, 1.0,
                        postscale_factor)
-        device.copy_to_device(self.buffer, self.device_buffer)
-        unpack(self.layout, self.device_buffer, gradients)
-        device.synchronize(self.device_buffer)
+        with phase("unpack", bytes=self.layout.nbytes, tensors=len(gradients), device=True):
+            device.copy_to_device(self.buffer, self.device_buffer)
+            unpack(self.layout, self.device_buffer, gradients)
+            device.synchronize(self.device_buffer)
 
 
 class GradientReducer:

@@ -1,0 +1,331 @@
+"""The timeline: what each rank's collectives do, as a Chrome trace-event file.
+
+Turned on by ``ringtrain-run --timeline PATH`` (which sets ``RINGTRAIN_TIMELINE=PATH`` on
+every rank) or by :func:`start_timeline`; off, it costs the hot paths one global lookup::
+
+    from . import timeline
+
+    line = timeline.ACTIVE
+    if line is not None:
+        start = line.now()
+    ...
+    if line is not None:
+        line.record(row, "pack", start, line.now(), {"bytes": nbytes})
+
+(read ``timeline.ACTIVE``, never ``from .timeline import ACTIVE``: that copies the value
+at import). A whole phase in one block is ``with line.span(row, "allreduce", ...):``.
+
+**Viewing.** Open the file in Perfetto (https://ui.perfetto.dev, "Open trace file") or in
+Chrome's ``chrome://tracing`` ("Load"). Each rank is a process named ``rank R``; each
+tensor or bucket is a row (a thread) of its own, in the order first seen.
+
+**Format.** The JSON object format of the Chrome trace-event files::
+
+    {"displayTimeUnit": "ms", "otherData": {"rank": 0, "start_unix_us": ...},
+     "traceEvents": [
+    {"name": "process_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "rank 0"}},
+    {"name": "thread_name", "ph": "M", "pid": 0, "tid": 1, "args": {"name": "allreduce 'w'"}},
+    {"name": "pack", "ph": "X", "ts": 12.5, "dur": 3.25, "pid": 0, "tid": 1,
+     "args": {"bytes": 4096}},
+    ...
+    ]}
+
+One event a line. ``ts`` and ``dur`` are microseconds (to the nanosecond) since this
+rank's timeline started; ``pid`` is the rank, ``tid`` the row. A row is any string: a
+tensor or bucket name such as ``"allreduce 'w'"`` or ``"gradient bucket 2/5 [...]"``; it
+is announced once, at first use, by a ``thread_name`` event (and a
+``thread_sort_index``). Complete events (``"ph": "X"``) are phases, instant events
+(``"ph": "i"``) moments. ``otherData.start_unix_us`` is the wall-clock time at which
+the timeline started; the merge uses it to line the ranks up.
+
+**The file is valid JSON at every moment**: after each event it ends with the closing
+``]}``, and the next event is written over that closing, followed by a new one; each
+event is flushed to the operating system (no ``fsync``). A reader may load it while the
+job runs (one that reads during a write may find it cut short: reading again gives a
+complete file), and a killed rank leaves a complete file behind.
+
+**Phases** ringtrain records (the event names):
+
+``"wait for ranks"``
+    the agreement: this rank entered the collective and waits for the others to do so.
+``"pack"``, ``"unpack"``
+    copying tensors into a fusion buffer and back out.
+``"compress"``, ``"decompress"``
+    the compression (e.g. to fp16) before the transfer and its inverse after.
+``"reduce-scatter"``, ``"allgather"``
+    the two halves of the ring allreduce (and the collectives of the same names).
+``"recursive doubling"``
+    the recursive-doubling allreduce.
+``"MPI allreduce"``
+    the MPI library's own allreduce.
+``"broadcast"``
+    a broadcast's transfer.
+the collective's name (``"allreduce"``, ``"broadcast"``, ...)
+    the whole call, around the phases above.
+
+**Args** of an event (where they apply): ``bytes`` (the size of the data), ``algorithm``
+(the one chosen, e.g. ``"ring"``), ``dtype``, and ``error`` (the exception's type name)
+on a span that ended with an exception.
+
+**Files.** In a one-rank job the rank writes ``PATH`` itself; with more ranks each rank
+writes ``<root>.rank<R><ext>`` (:func:`rank_path`: ``t.json`` -> ``t.rank0.json``, ...),
+and ``ringtrain-run`` merges them into ``PATH`` when the job has ended (by hand:
+``python -m ringtrain.launcher.timeline_merge OUT IN...``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+from ..launcher.timeline_merge import CLOSING, OPENING, TIMELINE_VARIABLE, rank_path
+
+__all__ = ["ACTIVE", "TIMELINE_VARIABLE", "Timeline", "rank_path", "start_timeline",
+           "stop_timeline"]
+
+ACTIVE: Timeline | None = None
+"""The running timeline of this process, or None."""
+
+_CLOSING = CLOSING.encode()
+_starting = threading.Lock()
+
+
+def _plain(value: Any) -> Any:
+    """A JSON value for an argument json cannot write: numpy scalars become numbers,
+    anything else (a dtype) its text."""
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            value = item()
+        except (TypeError, ValueError):
+            return str(value)
+        if isinstance(value, (int, float, str, bool)) or value is None:
+            return value
+    return str(value)
+
+
+def _dumps(event: dict) -> str:
+    try:
+        return json.dumps(event, default=_plain, allow_nan=False)
+    except (TypeError, ValueError):
+        # A NaN or an infinity (not JSON), or a key json cannot write: such args as text.
+        event["args"] = {str(key): _text(value) for key, value in event["args"].items()}
+        return json.dumps(event, default=_plain, allow_nan=False)
+
+
+def _text(value: Any) -> Any:
+    """``value`` if json can write it, else its ``repr``."""
+    if isinstance(value, float):  # numpy's floats too
+        value = float(value)
+    try:
+        json.dumps(value, default=_plain, allow_nan=False)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _unwritable(error: OSError, path: str) -> OSError:
+    """``error`` (of its own type) saying which file could not be written, and why."""
+    return type(error)(error.errno, f"cannot write the timeline file {path} "
+                       f"({error.strerror or error})")
+
+
+class _Span:
+    """The context manager of :meth:`Timeline.span`."""
+
+    __slots__ = ("timeline", "row", "phase", "args", "start")
+
+    def __init__(self, timeline: Timeline, row: str, phase: str, args: dict) -> None:
+        self.timeline = timeline
+        self.row = row
+        self.phase = phase
+        self.args = args
+
+    def __enter__(self) -> dict:
+        self.start = self.timeline.now()
+        return self.args
+
+    def __exit__(self, kind: type | None, _error: object, _traceback: object) -> None:
+        end = self.timeline.now()
+        if kind is not None:
+            self.args["error"] = kind.__name__
+        self.timeline.record(self.row, self.phase, self.start, end, self.args)
+
+
+class Timeline:
+    """One rank's trace-event file, written event by event (see the module's description).
+
+    Events may come from any thread. After :meth:`close`, events are ignored.
+
+    Args:
+        path: the file; created or truncated.
+        rank: this process's rank: the process id of its events.
+
+    Raises:
+        OSError: the file cannot be written; the message names it.
+    """
+
+    def __init__(self, path: str, rank: int) -> None:
+        self.path = path
+        self.rank = rank
+        self._lock = threading.Lock()
+        self._rows: dict[str, int] = {}
+        self._origin = time.perf_counter()
+        start_unix_us = time.time_ns() / 1000
+        try:
+            self._file = open(path, "wb")
+        except OSError as error:
+            raise _unwritable(error, path) from None
+        other = json.dumps({"rank": rank, "start_unix_us": start_unix_us})
+        head = (OPENING % other).encode()
+        head += _dumps({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
+                        "args": {"name": f"rank {rank}"}}).encode()
+        head += b",\n" + _dumps({"name": "process_sort_index", "ph": "M", "pid": rank,
+                                 "tid": 0, "args": {"sort_index": rank}}).encode()
+        try:
+            self._file.write(head + _CLOSING)
+            self._file.flush()
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                self._file.close()  # flushes again, and fails again
+            raise _unwritable(error, path) from None
+        self._end = len(head)  # where the closing text starts
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has been called (or writing failed)."""
+        return self._file is None
+
+    def now(self) -> float:
+        """Microseconds since this timeline started."""
+        return (time.perf_counter() - self._origin) * 1e6
+
+    def _write(self, events: list[str]) -> None:
+        """Write ``events`` over the closing text, then the closing text again. Holds the lock."""
+        data = "".join(",\n" + event for event in events).encode()
+        try:
+            self._file.seek(self._end)
+            self._file.write(data + _CLOSING)
+            self._file.flush()
+        except (OSError, ValueError) as error:
+            # Training goes on without its timeline rather than failing on a full disk.
+            file, self._file = self._file, None
+            with contextlib.suppress(OSError, ValueError):
+                file.close()
+            sys.stderr.write(f"ringtrain: the timeline {self.path} stopped: cannot write it "
+                             f"({error})\n")
+            return
+        self._end += len(data)
+
+    def _row_id(self, row: str, events: list[str]) -> int:
+        """The row's thread id; a new row's metadata is added to ``events``. Holds the lock."""
+        tid = self._rows.get(row)
+        if tid is None:
+            tid = self._rows[row] = len(self._rows) + 1
+            events.append(_dumps({"name": "thread_name", "ph": "M", "pid": self.rank,
+                                  "tid": tid, "args": {"name": str(row)}}))
+            events.append(_dumps({"name": "thread_sort_index", "ph": "M", "pid": self.rank,
+                                  "tid": tid, "args": {"sort_index": tid}}))
+        return tid
+
+    def record(self, row: str, phase: str, start_us: float, end_us: float,
+               args: dict | None = None) -> None:
+        """Write one phase: a complete event on ``row`` from ``start_us`` to ``end_us``.
+
+        Args:
+            row: the tensor or bucket it belongs to (its row in the viewer).
+            phase: the phase's name (see the module's list).
+            start_us: its start, from :meth:`now`.
+            end_us: its end, from :meth:`now`.
+            args: shown with the event, e.g. ``{"bytes": 4096, "algorithm": "ring"}``.
+        """
+        if self._file is None:
+            return
+        start = round(start_us, 3)
+        # Rounding both ends (not the duration) keeps nested phases nested.
+        duration = max(0.0, round(round(end_us, 3) - start, 3))
+        with self._lock:
+            if self._file is None:
+                return
+            events: list[str] = []
+            tid = self._row_id(row, events)
+            events.append(_dumps({"name": str(phase), "ph": "X", "ts": start, "dur": duration,
+                                  "pid": self.rank, "tid": tid, "args": args or {}}))
+            self._write(events)
+
+    def span(self, row: str, phase: str, **args: Any) -> _Span:
+        """A context manager recording its body as a phase on ``row``.
+
+        ``with line.span(row, "allreduce", bytes=n) as args:`` -- ``args`` is the dict of
+        arguments, which the body may add to (``args["algorithm"] = "ring"``). When the
+        body raises, the event gets ``error``: the exception's type name, and the
+        exception goes on.
+        """
+        return _Span(self, row, phase, args)
+
+    def instant(self, row: str, phase: str, **args: Any) -> None:
+        """Write a moment on ``row`` (an instant event, ``"ph": "i"``), now."""
+        if self._file is None:
+            return
+        when = round(self.now(), 3)
+        with self._lock:
+            if self._file is None:
+                return
+            events: list[str] = []
+            tid = self._row_id(row, events)
+            events.append(_dumps({"name": str(phase), "ph": "i", "s": "t", "ts": when,
+                                  "pid": self.rank, "tid": tid, "args": args}))
+            self._write(events)
+
+    def close(self) -> None:
+        """Close the file (it is complete already); later events are ignored."""
+        with self._lock:
+            file, self._file = self._file, None
+        if file is not None:
+            with contextlib.suppress(OSError, ValueError):
+                file.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._file is None else f"{len(self._rows)} rows"
+        return f"<Timeline of rank {self.rank} at {self.path!r}, {state}>"
+
+
+def start_timeline(path: str, rank: int | None = None, size: int | None = None) -> None:
+    """Start writing this process's timeline; it becomes :data:`ACTIVE`.
+
+    A running timeline is closed first (also when the new one then fails). The file is
+    ``rank_path(path, rank, size)``: ``path`` itself with one rank, else
+    ``<root>.rank<R><ext>``.
+
+    Args:
+        path: the job's timeline, e.g. ``$RINGTRAIN_TIMELINE``.
+        rank: this process's rank; default ringtrain's (:func:`ringtrain.rank`).
+        size: the number of ranks; default ringtrain's (:func:`ringtrain.size`).
+
+    Raises:
+        NotInitializedError: ``rank`` or ``size`` left out before ``ringtrain.init()``.
+        OSError: the file cannot be written; the message names it.
+        ValueError: ``rank`` not in ``range(size)``.
+    """
+    global ACTIVE
+    if rank is None or size is None:
+        from . import _world  # here, not at the top: it imports mpi4py
+
+        rank = _world.rank() if rank is None else rank
+        size = _world.size() if size is None else size
+    file = rank_path(path, rank, size)
+    with _starting:
+        stop_timeline()
+        ACTIVE = Timeline(file, rank)
+
+
+def stop_timeline() -> None:
+    """Close the running timeline, if any; :data:`ACTIVE` becomes None."""
+    global ACTIVE
+    line, ACTIVE = ACTIVE, None
+    if line is not None:
+        line.close()
