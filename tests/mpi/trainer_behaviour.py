@@ -7,6 +7,7 @@ Run: mpiexec -n K python tests/mpi/trainer_behaviour.py [--only SUBSTRING]
 from __future__ import annotations
 
 import copy
+import traceback
 import warnings
 
 import numpy as np
@@ -161,8 +162,12 @@ def torch_different_models_fail_on_every_rank_then_recover():
     optimizer = wrapped(model)
     loss_of(model, rt.rank()).backward()
     if rt.size() > 1:
-        expect_raises(rt.MismatchError, optimizer.synchronize,
-                      match=["gradient bucket 1/", "rank 0 sent"])
+        error = expect_raises(rt.MismatchError, optimizer.synchronize,
+                              match=["gradient bucket 1/", "rank 0 sent"])
+        notes = "".join(getattr(error, "__notes__", []))
+        assert "while reducing gradient bucket 1/" in notes, notes
+        frames = "".join(traceback.format_exception(error))
+        assert "_agreement.py" in frames, frames  # raised on the collectives thread
     model = mlp()
     optimizer = wrapped(model)
     loss_of(model, rt.rank()).backward()
