@@ -23,9 +23,7 @@ Gradients not marked are reduced when ``step()`` (or ``synchronize()``) is calle
 
 from __future__ import annotations
 
-import contextlib
-import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -33,10 +31,11 @@ import numpy as np
 from ..collectives import Average, Compression, Compressor, ProcessSet, ReduceOp
 from ..collectives.errors import InvalidArgumentError, UsageError
 from ..kernels import twin_for
+from ._synchronized import SynchronizedSteps
 from .reducer import GradientReducer, predivide_factors
 
 
-class ArrayDistributedOptimizer:
+class ArrayDistributedOptimizer(SynchronizedSteps):
     """Wraps an optimizer over numpy arrays so that ``step()`` uses averaged gradients.
 
     Args:
@@ -77,26 +76,10 @@ class ArrayDistributedOptimizer:
             fusion_threshold=fusion_threshold, first_bucket_bytes=first_bucket_bytes,
             backward_passes_per_step=backward_passes_per_step)
         self._arrays = list(self._gradients.values())
-        self._should_synchronize = True
-        self._synchronized = False
-
-    @property
-    def reducer(self) -> GradientReducer:
-        """The gradient reducer (its buckets show how gradients travel)."""
-        return self._reducer
-
-    @property
-    def backward_passes_per_step(self) -> int:
-        """Backward passes accumulated locally before gradients are reduced."""
-        return self._reducer.backward_passes_per_step
 
     def gradient_arrays(self) -> list[np.ndarray]:
         """The gradient arrays, in order."""
         return list(self._arrays)
-
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        """Change ``backward_passes_per_step`` (between steps)."""
-        self._reducer.backward_passes_per_step = passes
 
     def mark_ready(self, name: str) -> None:
         """Say that gradient ``name`` is final for this backward pass.
@@ -108,33 +91,10 @@ class ArrayDistributedOptimizer:
         index = self._reducer.index_of(name)
         self._reducer.mark_ready(index, self._arrays[index])
 
-    def synchronize(self) -> None:
-        """Wait until every gradient array holds the value reduced across ranks."""
-        self._reducer.wait(missing=self._arrays.__getitem__)
-        self._synchronized = True
-
-    @contextlib.contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
-        """Within this context ``step()`` does not synchronize (call :meth:`synchronize`
-        first, e.g. to clip the reduced gradients)."""
-        self._should_synchronize = False
-        try:
-            yield
-        finally:
-            self._should_synchronize = True
-
     def step(self, *args: Any, **kwargs: Any) -> Any:
         """Synchronize (unless inside :meth:`skip_synchronize`), then call the wrapped
         optimizer's ``step(*args, **kwargs)`` and return what it returns."""
-        if self._should_synchronize:
-            if self._synchronized:
-                warnings.warn(
-                    "optimizer.step() called after optimizer.synchronize() outside "
-                    "optimizer.skip_synchronize(): the gradients were already reduced "
-                    "and are used as they are", UserWarning, stacklevel=2)
-            else:
-                self.synchronize()
-        self._synchronized = False
+        self._synchronize_for_step()
         return self.optimizer.step(*args, **kwargs)
 
     def zero_grad(self) -> None:
@@ -162,6 +122,9 @@ class ArrayDistributedOptimizer:
     def load_state_dict(self, state_dict: Any) -> None:
         """The wrapped optimizer's ``load_state_dict()``."""
         self.optimizer.load_state_dict(state_dict)
+
+    def _missing(self, index: int) -> np.ndarray:
+        return self._arrays[index]
 
     def __repr__(self) -> str:
         return f"ArrayDistributedOptimizer({self.optimizer!r}, {self._reducer!r})"

@@ -14,9 +14,7 @@ optimizer's ``step()``.
 
 from __future__ import annotations
 
-import contextlib
-import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -24,10 +22,11 @@ import torch
 
 from ..collectives import Average, Compression, Compressor, ProcessSet, ReduceOp
 from ..collectives.errors import InvalidArgumentError, UnsupportedDtypeError, UsageError
+from ._synchronized import SynchronizedSteps
 from .reducer import GradientReducer, predivide_factors
 
 
-class TorchDistributedOptimizer(torch.optim.Optimizer):
+class TorchDistributedOptimizer(SynchronizedSteps, torch.optim.Optimizer):
     """Wraps a ``torch.optim.Optimizer`` so that ``step()`` uses gradients reduced across ranks.
 
     Args:
@@ -75,8 +74,6 @@ class TorchDistributedOptimizer(torch.optim.Optimizer):
             backward_passes_per_step=backward_passes_per_step, as_array=_array_of)
         self._hooks = [hook for i, (_, p) in enumerate(self._parameters)
                        for hook in self._register_hooks(i, p)]
-        self._should_synchronize = True
-        self._synchronized = False
 
     # The wrapped optimizer's state, seen through this object.
     @property
@@ -98,24 +95,10 @@ class TorchDistributedOptimizer(torch.optim.Optimizer):
         """The wrapped optimizer's defaults."""
         return self.optimizer.defaults
 
-    @property
-    def reducer(self) -> GradientReducer:
-        """The gradient reducer (its buckets show how gradients travel)."""
-        return self._reducer
-
-    @property
-    def backward_passes_per_step(self) -> int:
-        """Backward passes accumulated locally before gradients are reduced."""
-        return self._reducer.backward_passes_per_step
-
     def gradient_arrays(self) -> list[Any]:
         """The gradients as arrays (numpy views, CUDA tensors; parameters without one get
         zeros), in order."""
-        return [_array_of(self._missing_gradient(i)) for i in range(len(self._parameters))]
-
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        """Change ``backward_passes_per_step`` (between steps)."""
-        self._reducer.backward_passes_per_step = passes
+        return [_array_of(self._missing(i)) for i in range(len(self._parameters))]
 
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
         """The wrapped optimizer's ``state_dict()``."""
@@ -138,39 +121,14 @@ class TorchDistributedOptimizer(torch.optim.Optimizer):
         raise UsageError("add_param_group() on a DistributedOptimizer: add the group to the "
                          "optimizer before wrapping it")
 
-    # The training step.
-    def synchronize(self) -> None:
-        """Wait until every parameter's ``.grad`` holds the value reduced across ranks.
-
-        Parameters that got no gradient this step take part with zeros (their ``.grad``
-        is set to zeros first), so ranks never wait for each other's unused parameters.
-        """
-        self._reducer.wait(missing=self._missing_gradient)
-        self._synchronized = True
-
-    @contextlib.contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
-        """Within this context ``step()`` does not synchronize: call :meth:`synchronize`
-        yourself first (e.g. to clip the reduced gradients)."""
-        self._should_synchronize = False
-        try:
-            yield
-        finally:
-            self._should_synchronize = True
-
+    # The training step (synchronize and skip_synchronize: SynchronizedSteps).
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """Synchronize (unless inside :meth:`skip_synchronize`), then step the wrapped
-        optimizer. A ``closure`` that runs backward is synchronized after it runs."""
-        if self._should_synchronize:
-            if self._synchronized:
-                warnings.warn(
-                    "optimizer.step() called after optimizer.synchronize() outside "
-                    "optimizer.skip_synchronize(): the gradients were already reduced "
-                    "and are used as they are; use 'with optimizer.skip_synchronize(): "
-                    "optimizer.step()' after synchronize()", UserWarning, stacklevel=2)
-            elif closure is None or self._reducer.in_progress():
-                self.synchronize()
-        self._synchronized = False
+        optimizer. A ``closure`` that runs backward is synchronized after it runs.
+
+        Parameters that got no gradient this step take part with zeros (their ``.grad``
+        is set to zeros first)."""
+        self._synchronize_for_step(when_idle=closure is None)
         if closure is None:
             return self.optimizer.step()
         return self.optimizer.step(self._synchronized_closure(closure))
@@ -215,7 +173,7 @@ class TorchDistributedOptimizer(torch.optim.Optimizer):
         return [parameter.register_hook(before_accumulation),
                 parameter.register_post_accumulate_grad_hook(after_accumulation)]
 
-    def _missing_gradient(self, index: int) -> np.ndarray:
+    def _missing(self, index: int) -> Any:
         parameter = self._parameters[index][1]
         if parameter.grad is None:
             parameter.grad = torch.zeros_like(parameter)
@@ -224,7 +182,7 @@ class TorchDistributedOptimizer(torch.optim.Optimizer):
     def _synchronized_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         def run() -> Any:
             loss = closure()
-            self._reducer.wait(missing=self._missing_gradient)
+            self._reducer.wait(missing=self._missing)
             return loss
 
         return run
