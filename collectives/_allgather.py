@@ -10,6 +10,7 @@ import numpy as np
 
 from . import _ring
 from ._agreement import Call, agree
+from ._buffers import results_like
 from ._calls import execute, flat, input_array
 from ._executor import Handle
 from ._group import Group
@@ -36,7 +37,8 @@ def allgather(tensor: np.ndarray, name: str | None = None,
     Returns:
         A new array of shape ``(sum of first dimensions, *tensor.shape[1:])``.
     """
-    return execute("allgather", name, _prepare(tensor, name, process_set, algorithm))
+    return execute("allgather", name, _prepare(tensor, name, process_set, algorithm),
+                   restore=results_like(tensor))
 
 
 def allgather_async(tensor: np.ndarray, name: str | None = None,
@@ -44,7 +46,8 @@ def allgather_async(tensor: np.ndarray, name: str | None = None,
                     algorithm: str | None = None) -> Handle:
     """Start :func:`allgather`; ``synchronize(handle)`` returns the new array."""
     return execute("allgather", name, _prepare(tensor, name, process_set, algorithm),
-                   asynchronous=True)
+                   asynchronous=True,
+                   restore=results_like(tensor))
 
 
 def gather_rows(group: Group, rows: np.ndarray, row_shape: tuple[int, ...], algorithm: str

@@ -14,6 +14,7 @@ from ..kernels import (Compression, Compressor, FusionLayout, abs_max, pack, red
 from ..kernels.reduction import Combine
 from . import _recursive_doubling, _ring
 from ._agreement import PAYLOAD_CAPACITY, Call, ValueRange, agree
+from ._buffers import results_like, returns_itself
 from ._calls import check_scale_factors, execute, flat, in_place_array, input_array
 from ._executor import Handle
 from ._group import Group
@@ -60,7 +61,8 @@ def allreduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | N
     """
     run = _prepare(tensor, op, name, prescale_factor, postscale_factor, process_set,
                    algorithm, compression, in_place=False)
-    return execute("allreduce", name, run)
+    return execute("allreduce", name, run,
+                   restore=results_like(tensor))
 
 
 def allreduce_(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | None = None,
@@ -71,7 +73,8 @@ def allreduce_(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | 
     """In-place :func:`allreduce`: ``tensor`` receives the result and is returned."""
     run = _prepare(tensor, op, name, prescale_factor, postscale_factor, process_set,
                    algorithm, compression, in_place=True)
-    return execute("allreduce_", name, run)
+    return execute("allreduce_", name, run,
+                   restore=returns_itself(tensor))
 
 
 def allreduce_async(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
@@ -85,7 +88,8 @@ def allreduce_async(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
     """
     run = _prepare(tensor, op, name, prescale_factor, postscale_factor, process_set,
                    algorithm, compression, in_place=False)
-    return execute("allreduce", name, run, asynchronous=True)
+    return execute("allreduce", name, run, asynchronous=True,
+                   restore=results_like(tensor))
 
 
 def allreduce_async_(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
@@ -96,7 +100,8 @@ def allreduce_async_(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
     """Start :func:`allreduce_`; ``tensor`` holds the result once the handle is complete."""
     run = _prepare(tensor, op, name, prescale_factor, postscale_factor, process_set,
                    algorithm, compression, in_place=True)
-    return execute("allreduce_", name, run, asynchronous=True)
+    return execute("allreduce_", name, run, asynchronous=True,
+                   restore=returns_itself(tensor))
 
 
 def grouped_allreduce(tensors: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Average,
@@ -114,7 +119,8 @@ def grouped_allreduce(tensors: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Ave
     """
     run = _prepare_grouped(tensors, op, name, prescale_factor, postscale_factor, process_set,
                            algorithm, compression, in_place=False)
-    return execute("grouped_allreduce", name, run)
+    return execute("grouped_allreduce", name, run,
+                   restore=results_like(tensors))
 
 
 def grouped_allreduce_(tensors: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Average,
@@ -125,7 +131,8 @@ def grouped_allreduce_(tensors: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Av
     """In-place :func:`grouped_allreduce`; returns the input arrays, now reduced."""
     run = _prepare_grouped(tensors, op, name, prescale_factor, postscale_factor, process_set,
                            algorithm, compression, in_place=True)
-    return execute("grouped_allreduce_", name, run)
+    return execute("grouped_allreduce_", name, run,
+                   restore=returns_itself(tensors))
 
 
 def grouped_allreduce_async(tensors: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Average,
@@ -137,7 +144,8 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray], op: ReduceOp = Reduce
     """Start :func:`grouped_allreduce`; ``synchronize(handle)`` returns the list."""
     run = _prepare_grouped(tensors, op, name, prescale_factor, postscale_factor, process_set,
                            algorithm, compression, in_place=False)
-    return execute("grouped_allreduce", name, run, asynchronous=True)
+    return execute("grouped_allreduce", name, run, asynchronous=True,
+                   restore=results_like(tensors))
 
 
 def grouped_allreduce_async_(tensors: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Average,
@@ -149,7 +157,8 @@ def grouped_allreduce_async_(tensors: Sequence[np.ndarray], op: ReduceOp = Reduc
     """Start :func:`grouped_allreduce_`."""
     run = _prepare_grouped(tensors, op, name, prescale_factor, postscale_factor, process_set,
                            algorithm, compression, in_place=True)
-    return execute("grouped_allreduce_", name, run, asynchronous=True)
+    return execute("grouped_allreduce_", name, run, asynchronous=True,
+                   restore=returns_itself(tensors))
 
 
 def check_reduction(array: np.ndarray, op: ReduceOp, name: str | None,

@@ -10,6 +10,7 @@ import numpy as np
 
 from . import _pairwise, _ring
 from ._agreement import Call, agree
+from ._buffers import results_like
 from ._calls import execute, flat, input_array
 from ._executor import Handle
 from ._ops import COPY_DTYPES, check_dtype
@@ -36,7 +37,8 @@ def alltoall(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = Non
         ``(received, received_splits)``: the rows from every rank concatenated in rank
         order, and how many rows came from each rank (int64).
     """
-    return execute("alltoall", name, _prepare(tensor, splits, name, process_set, algorithm))
+    return execute("alltoall", name, _prepare(tensor, splits, name, process_set, algorithm),
+                   restore=results_like(tensor))
 
 
 def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = None,
@@ -44,7 +46,8 @@ def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None
                    algorithm: str | None = None) -> Handle:
     """Start :func:`alltoall`; ``synchronize(handle)`` returns ``(received, received_splits)``."""
     return execute("alltoall", name, _prepare(tensor, splits, name, process_set, algorithm),
-                   asynchronous=True)
+                   asynchronous=True,
+                   restore=results_like(tensor))
 
 
 def _splits(splits: Any, rows: int, size: int, name: str | None) -> np.ndarray:

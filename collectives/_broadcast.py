@@ -9,6 +9,7 @@ import numpy as np
 
 from . import _broadcast_algorithms
 from ._agreement import Call, agree
+from ._buffers import results_like, returns_itself
 from ._calls import execute, flat, in_place_array, input_array
 from ._executor import Handle
 from ._group import Group
@@ -36,7 +37,8 @@ def broadcast(tensor: np.ndarray, root_rank: int, name: str | None = None,
         MismatchError: ranks passed different shapes, dtypes, roots or names.
     """
     return execute("broadcast", name, _prepare(tensor, root_rank, name, process_set,
-                                               algorithm, in_place=False))
+                                               algorithm, in_place=False),
+                   restore=results_like(tensor))
 
 
 def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None,
@@ -44,7 +46,8 @@ def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None,
                algorithm: str | None = None) -> np.ndarray:
     """In-place :func:`broadcast`: ``tensor`` receives the root's data and is returned."""
     return execute("broadcast_", name, _prepare(tensor, root_rank, name, process_set,
-                                                algorithm, in_place=True))
+                                                algorithm, in_place=True),
+                   restore=returns_itself(tensor))
 
 
 def broadcast_async(tensor: np.ndarray, root_rank: int, name: str | None = None,
@@ -52,7 +55,8 @@ def broadcast_async(tensor: np.ndarray, root_rank: int, name: str | None = None,
                     algorithm: str | None = None) -> Handle:
     """Start :func:`broadcast`; ``synchronize(handle)`` returns the new array."""
     return execute("broadcast", name, _prepare(tensor, root_rank, name, process_set,
-                                               algorithm, in_place=False), asynchronous=True)
+                                               algorithm, in_place=False), asynchronous=True,
+                   restore=results_like(tensor))
 
 
 def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None,
@@ -60,7 +64,8 @@ def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None
                      algorithm: str | None = None) -> Handle:
     """Start :func:`broadcast_`."""
     return execute("broadcast_", name, _prepare(tensor, root_rank, name, process_set,
-                                                algorithm, in_place=True), asynchronous=True)
+                                                algorithm, in_place=True), asynchronous=True,
+                   restore=returns_itself(tensor))
 
 
 def root_in_group(group: Group, root_rank: Any, collective: str, name: str | None) -> int:

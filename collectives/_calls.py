@@ -12,6 +12,7 @@ import numpy as np
 
 from . import timeline
 from ._activity import ACTIVITY
+from ._buffers import Restore, is_torch_tensor, torch_view
 from ._executor import Handle
 from ._tracing import call_span
 from ._world import mpi_threads_supported, world
@@ -21,9 +22,12 @@ from .logs import LOGGER, log_call
 
 
 def input_array(tensor: Any, collective: str, name: str | None) -> np.ndarray:
-    """The caller's tensor as a numpy array (no copy when it already is one)."""
+    """The caller's tensor as a numpy array (no copy when it already is one, or a torch
+    CPU tensor)."""
     if isinstance(tensor, np.ndarray):
         return tensor
+    if is_torch_tensor(tensor):
+        return torch_view(tensor, collective, name)
     try:
         return np.asarray(tensor)
     except (TypeError, ValueError) as error:
@@ -33,11 +37,14 @@ def input_array(tensor: Any, collective: str, name: str | None) -> np.ndarray:
 
 
 def in_place_array(tensor: Any, collective: str, name: str | None) -> np.ndarray:
-    """The caller's tensor for an in-place collective: a writable numpy array."""
+    """The caller's tensor for an in-place collective: a writable numpy array (over a
+    torch CPU tensor's memory for a tensor)."""
+    if is_torch_tensor(tensor):
+        return torch_view(tensor, collective, name)
     if not isinstance(tensor, np.ndarray):
         raise InvalidArgumentError(
             f"{subject(collective, name)}: works in place and needs a numpy "
-            f"array, got {type(tensor).__name__}")
+            f"array or a torch tensor, got {type(tensor).__name__}")
     if not tensor.flags.writeable:
         raise InvalidArgumentError(
             f"{subject(collective, name)}: the array is read-only")
@@ -61,8 +68,13 @@ def check_scale_factors(dtype: np.dtype, prescale_factor: float, postscale_facto
 
 
 def execute(collective: str, name: str | None, body: Callable[[], Any],
-            asynchronous: bool = False) -> Any:
-    """Run ``body`` in program order; return its result, or a :class:`Handle` if asynchronous."""
+            asynchronous: bool = False, restore: Restore | None = None) -> Any:
+    """Run ``body`` in program order; return its result, or a :class:`Handle` if asynchronous.
+
+    ``restore`` turns the result into what the caller gets (see :mod:`._buffers`).
+    """
+    if restore is not None:
+        body = _restored(body, restore)
     executor = world().executor
     arguments = (collective, name, body)
     if not asynchronous:
@@ -73,6 +85,10 @@ def execute(collective: str, name: str | None, body: Callable[[], Any],
             f"thread support (MPI_THREAD_SERIALIZED or better is needed); leave "
             f"mpi4py.rc.thread_level at its default 'multiple'")
     return executor.submit(_guarded, arguments, collective, name)
+
+
+def _restored(body: Callable[[], Any], restore: Restore) -> Callable[[], Any]:
+    return lambda: restore(body())
 
 
 def _guarded(collective: str, name: str | None, body: Callable[[], Any]) -> Any:

@@ -11,6 +11,7 @@ from ..kernels import reducer
 from . import _ring
 from ._agreement import Call, agree
 from ._allreduce import check_reduction, finisher
+from ._buffers import results_like
 from ._calls import execute, flat, input_array
 from ._executor import Handle
 from ._native import MPI_OPS
@@ -40,7 +41,8 @@ def reducescatter(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str
         A new array of shape ``(rows of this rank, *tensor.shape[1:])``.
     """
     return execute("reducescatter", name, _prepare(tensor, op, name, prescale_factor,
-                                                   postscale_factor, process_set, algorithm))
+                                                   postscale_factor, process_set, algorithm),
+                   restore=results_like(tensor))
 
 
 def reducescatter_async(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
@@ -50,7 +52,8 @@ def reducescatter_async(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
     """Start :func:`reducescatter`; ``synchronize(handle)`` returns this rank's share."""
     return execute("reducescatter", name,
                    _prepare(tensor, op, name, prescale_factor, postscale_factor, process_set,
-                            algorithm), asynchronous=True)
+                            algorithm), asynchronous=True,
+                   restore=results_like(tensor))
 
 
 def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,

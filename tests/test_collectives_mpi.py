@@ -45,3 +45,10 @@ def test_program(program, nprocs):
 def test_settings_from_the_environment(nprocs):
     output = run_mpi("settings_env", nprocs, timeout=TIMEOUT, env=_settings_environment())
     _assert_all_passed(output, "settings_env", nprocs)
+
+
+@pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
+def test_torch_cpu_tensors(nprocs):
+    pytest.importorskip("torch")
+    output = run_mpi("torch_tensors", nprocs, timeout=TIMEOUT)
+    _assert_all_passed(output, "torch_tensors", nprocs)
