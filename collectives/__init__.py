@@ -10,6 +10,7 @@ from ._alltoall import alltoall, alltoall_async
 from ._broadcast import broadcast, broadcast_, broadcast_async, broadcast_async_
 from ._calls import poll, synchronize
 from ._executor import Handle
+from ._join import join
 from ._objects import allgather_object, barrier, broadcast_object
 from ._ops import Average, Max, Min, Product, ReduceOp, Sum
 from ._process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
@@ -33,7 +34,7 @@ __all__ = [
     "grouped_allreduce_async_",
     "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async",
     "broadcast_async_", "reducescatter", "reducescatter_async", "alltoall", "alltoall_async",
-    "barrier", "broadcast_object", "allgather_object",
+    "barrier", "broadcast_object", "allgather_object", "join",
     "Handle", "poll", "synchronize",
     "Compression", "Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor",
     "Settings", "ALGORITHMS", "configure", "current_settings",

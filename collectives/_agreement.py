@@ -9,6 +9,11 @@ gather the ranks' descriptions of their calls (pickled, on this error path only)
 raise the same :class:`~ringtrain.MismatchError`. No data message has been sent, so the
 library keeps working afterwards.
 
+Two kinds of call wait rather than fail when they meet another (see :func:`resolve`): a
+barrier keeps waiting while the collective the other ranks made fails, and a rank that
+joined (:mod:`._join`) makes an allreduce the others made again, with zeros, while they
+exchange their headers once more.
+
 The signature hashes everything that decides which messages follow (collective, tensor
 name, dtype, shape, op, root, algorithm, segment size), so a mismatch can never turn
 into a hang or a truncated message.
@@ -37,7 +42,7 @@ from . import _recursive_doubling
 from ._activity import ACTIVITY
 from ._tracing import phase
 from ._group import Group
-from .errors import MismatchError
+from .errors import MismatchError, UsageError, format_ranks, subject
 
 HEADER_BYTES = 40
 SIGNATURE_BYTES = 16
@@ -45,6 +50,7 @@ PAYLOAD_CAPACITY = 128 * 1024
 """Largest allreduce payload that travels with the header (fixed: part of the protocol)."""
 
 _SIGNATURE_MASK = (1 << 62) - 1
+_AGAIN = object()
 
 
 class Call:
@@ -139,10 +145,37 @@ def agree(group: Group, call: Call, payload: np.ndarray | None = None,
         buffers = group.state["agreement"] = _Buffers()
     try:
         with phase("wait for ranks"):
-            return _exchange(group, call, buffers, payload, combine, result,
-                             prescale_factor, local_range)
+            while True:
+                agreed = _exchange(group, call, buffers, payload, combine, result,
+                                   prescale_factor, local_range)
+                if agreed is not _AGAIN:
+                    return agreed
     finally:
         ACTIVITY.agreed()
+
+
+def agree_joined(group: Group, call: Call) -> list[dict[str, Any]] | None:
+    """One round of a rank that has joined (see :mod:`._join`): meet the others' next call.
+
+    Returns:
+        Every rank's call fields, in group order, when some rank's call differs from
+        ``call``; None when every rank made this same call.
+    """
+    if group.size == 1:
+        return None
+    buffers = group.state.get("agreement")
+    if buffers is None:
+        buffers = group.state["agreement"] = _Buffers()
+    # Not entered into ACTIVITY: a joined rank waits for the others by design, and the
+    # stall inspector must not report it.
+    with phase("joined"):
+        buffers.header[:2] = call.header
+        buffers.header[2:] = _NO_RANGE
+        _recursive_doubling.exchange(group, buffers.message[:HEADER_BYTES], buffers.receive,
+                                     buffers.combine_headers)
+        if buffers.signature.tobytes() == call.header_bytes:
+            return None
+        return group.comm.allgather(call.fields)
 
 
 def _exchange(group: Group, call: Call, buffers: _Buffers, payload: np.ndarray | None,
@@ -174,7 +207,8 @@ def _exchange(group: Group, call: Call, buffers: _Buffers, payload: np.ndarray |
         _recursive_doubling.exchange(group, buffers.message[:end], buffers.receive, fold)
     # The combined header is [max, -min] of all signatures: ours again exactly when all agree.
     if buffers.signature.tobytes() != call.header_bytes:
-        _raise_mismatch(group, call)
+        _resolve_mismatch(group, call)
+        return _AGAIN
     if payload is not None:
         result[:] = data
     if local_range is None:
@@ -183,8 +217,75 @@ def _exchange(group: Group, call: Call, buffers: _Buffers, payload: np.ndarray |
     return ValueRange(float(header[2:3].view(np.float64)[0]), nonfinite)
 
 
-def _raise_mismatch(group: Group, call: Call) -> None:
+def _resolve_mismatch(group: Group, call: Call) -> None:
+    """Raise the error this rank's call gets, or return when it must be exchanged again."""
     everyone = group.comm.allgather(call.fields)
+    outcome = resolve(everyone)
+    rank = group.rank
+    if rank in outcome.again:
+        return
+    if outcome.joined_error:
+        joined = format_ranks([group.world_ranks[r] for r in outcome.joined])
+        raise UsageError(
+            f"{subject(call.fields.get('collective', '?'), call.fields.get('name'))}: "
+            f"{joined} joined (ringtrain.join) and can only contribute zeros to "
+            f"allreduces and wait in barriers; call it on every rank, or join everywhere")
+    raise _mismatch_error(group, everyone, outcome.failing)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What each rank does when the ranks' calls differ (see :func:`resolve`).
+
+    Attributes:
+        again: ranks that exchange their call again (the others will change theirs).
+        failing: ranks whose call fails (with a MismatchError unless ``joined_error``).
+        joined: ranks waiting in :func:`ringtrain.join`.
+        replay: the call the joined ranks make next (with zeros), or None when they
+            only wait for the next round.
+        joined_error: the failing ranks' call cannot run while ranks are joined.
+    """
+
+    again: tuple[int, ...]
+    failing: tuple[int, ...]
+    joined: tuple[int, ...]
+    replay: dict[str, Any] | None
+    joined_error: bool = False
+
+
+REPLAYABLE = {"allreduce", "grouped_allreduce", "barrier"}
+"""Calls a joined rank can join in: with zeros for its data, or with nothing."""
+
+REPLAYABLE_COMPRESSION = {"none", "fp16", "bf16"}
+
+
+def resolve(everyone: list[dict[str, Any]]) -> Outcome:
+    """Decide, identically on every rank, what follows a disagreement.
+
+    ``everyone`` holds every rank's call fields. Ranks waiting in a barrier keep
+    waiting and the collective the others made fails (a barrier waits for everyone).
+    Ranks that joined make the others' call with zeros when it is an allreduce (or a
+    barrier), and the others exchange it again; any other call fails on the ranks that
+    made it, and the joined ranks wait for the next one.
+    """
+    joined = tuple(r for r, f in enumerate(everyone) if f.get("collective") == "join")
+    waiting = tuple(r for r, f in enumerate(everyone) if f.get("collective") == "barrier")
+    active = tuple(r for r in range(len(everyone)) if r not in joined and r not in waiting)
+    calls = {repr(everyone[r]) for r in active}
+    if active and (waiting or len(calls) > 1):
+        return Outcome(again=waiting, failing=active, joined=joined, replay=None)
+    if not active:  # barrier ranks and joined ranks: the joined ranks enter the barrier
+        return Outcome(again=waiting, failing=(), joined=joined,
+                       replay=everyone[waiting[0]] if waiting else None)
+    fields = everyone[active[0]]
+    if joined and fields.get("collective") in REPLAYABLE and             fields.get("compression", "none") in REPLAYABLE_COMPRESSION:
+        return Outcome(again=active, failing=(), joined=joined, replay=fields)
+    return Outcome(again=(), failing=active, joined=joined, replay=None,
+                   joined_error=bool(joined))
+
+
+def _mismatch_error(group: Group, everyone: list[dict[str, Any]],
+                    failing: tuple[int, ...]) -> MismatchError:
     names = list(dict.fromkeys(name for description in everyone for name in description))
     differences = {}
     for name in names:
@@ -192,5 +293,6 @@ def _raise_mismatch(group: Group, call: Call) -> None:
                   for r, description in enumerate(everyone)}
         if len({repr(v) for v in values.values()}) > 1:
             differences[name] = values
-    # Every rank names the call as the group's first rank made it: one message everywhere.
-    raise MismatchError(everyone[0].get("collective"), everyone[0].get("name"), differences)
+    # Every failing rank names the call as the first of them made it: one message everywhere.
+    first = everyone[failing[0]]
+    return MismatchError(first.get("collective"), first.get("name"), differences)

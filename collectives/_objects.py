@@ -91,3 +91,14 @@ def barrier(process_set: ProcessSet | None = None) -> None:
     group = resolve_group(process_set, "barrier", None)
     call = Call(collective="barrier", name=None)
     execute("barrier", None, lambda: agree(group, call))
+
+
+def end_of_sequence(name: str, process_set: ProcessSet | None = None) -> None:
+    """A last call every rank makes after a run of collectives whose length could differ.
+
+    A rank that made one call more than another meets this one there instead, so every
+    rank raises a MismatchError naming the extra call (a barrier would wait for it).
+    """
+    group = resolve_group(process_set, "end of " + name, None)
+    call = Call(collective="end of " + name, name=None)
+    execute("end of " + name, None, lambda: agree(group, call))

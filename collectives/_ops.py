@@ -31,7 +31,7 @@ Max = ReduceOp.Max
 Product = ReduceOp.Product
 
 REDUCE_DTYPES = tuple(np.dtype(t) for t in (
-    np.float16, np.float32, np.float64, np.int8, np.uint8, np.int32, np.int64))
+    np.float16, np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32, np.int64))
 """dtypes every reducing collective accepts."""
 
 COPY_DTYPES = REDUCE_DTYPES + (np.dtype(np.bool_),)

@@ -30,7 +30,9 @@ def __getattr__(name: str) -> Any:
         return value
     collectives = import_module(".collectives", __name__)
     if name == "__all__":
-        return ["__version__", *collectives.__all__, *trainer.__all__]
+        # ``join`` is in both: the trainer's (a context manager around training steps)
+        # is the one at the top level; the collective is ringtrain.collectives.join.
+        return list(dict.fromkeys(["__version__", *collectives.__all__, *trainer.__all__]))
     if name in collectives.__all__:
         value = getattr(collectives, name)
         globals()[name] = value

@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from ..collectives import ProcessSet, barrier, broadcast_, broadcast_object, rank
+from ..collectives import ProcessSet, broadcast_, broadcast_object, rank
+from ..collectives._objects import end_of_sequence
 from ..collectives._ops import COPY_DTYPES
 from ..collectives.errors import InvalidArgumentError, subject
 
@@ -75,7 +76,7 @@ def broadcast_parameters(params: Mapping[str, Any] | Iterable[Any], root_rank: i
     # A rank with more tensors than another would wait for it forever (or meet its next
     # collective): a last call that every rank makes turns that into a MismatchError,
     # naming the extra tensor, on every rank.
-    barrier(process_set)
+    end_of_sequence("broadcast_parameters", process_set)
 
 
 def broadcast_optimizer_state(optimizer: Any, root_rank: int = 0,

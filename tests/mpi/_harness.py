@@ -45,7 +45,7 @@ FAIL_WAIT = float(os.environ.get("RINGTRAIN_TEST_FAIL_WAIT", "15"))
 SEED = 20240607
 
 REDUCE_DTYPES = [np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int8, np.uint8,
-                                       np.int32, np.int64)]
+                                       np.int16, np.int32, np.int64)]
 COPY_DTYPES = REDUCE_DTYPES + [np.dtype(np.bool_)]
 FLOAT_DTYPES = [d for d in REDUCE_DTYPES if d.kind == "f"]
 INT_DTYPES = [d for d in REDUCE_DTYPES if d.kind in "iu"]

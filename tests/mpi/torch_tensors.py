@@ -123,8 +123,8 @@ def unsupported_tensors_are_refused_before_communication():
     expect_raises(rt.UnsupportedDtypeError, rt.allreduce, torch.ones(3, dtype=torch.bfloat16),
                   name="b", match=[f"rank {rt.rank()}: allreduce of tensor 'b'",
                                    "torch.bfloat16 is not supported"])
-    expect_raises(rt.UnsupportedDtypeError, rt.allreduce, torch.ones(3, dtype=torch.int16),
-                  name="s", match=["int16"])
+    expect_raises(rt.UnsupportedDtypeError, rt.allreduce, torch.ones(3, dtype=torch.uint16),
+                  name="s", match=["uint16"])
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ except ImportError:
     torch = None
 
 # dtypes beyond what the collectives move themselves travel as bytes
-EXTRA_DTYPES = [np.dtype(t) for t in (np.int16, np.uint16, np.uint32, np.uint64, np.complex64,
+EXTRA_DTYPES = [np.dtype(t) for t in (np.uint16, np.uint32, np.uint64, np.complex64,
                                       np.complex128, ">f8")]
 SHAPES = [(), (0,), (1,), (13,), (3, 5), (2, 0), (7, 1, 3)]
 

@@ -1,0 +1,83 @@
+"""join: a rank out of data waits for the others, taking part in their allreduces with zeros.
+
+A joined rank loops on rounds of the agreement (see :func:`._agreement.agree_joined`).
+Each round meets the others' next call on all ranks: an allreduce (or grouped allreduce,
+or a gradient bucket) is made again here with zeros of the agreed shapes and dtypes, so
+its result on the other ranks is the sum over the ranks that still have data (an
+Average still divides by the number of all ranks); a barrier is entered; any other
+collective fails on the ranks that made it. The loop ends when every rank has joined.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..kernels.compression import Compression
+from ._agreement import Call, agree, agree_joined, resolve
+from ._allreduce import _prepare, _prepare_grouped
+from ._calls import execute
+from ._group import Group
+from ._world import world
+
+_COMPRESSORS = {c.name: c for c in (Compression.none, Compression.fp16, Compression.bf16)}
+
+
+def join() -> int:
+    """Wait until every rank has called ``join``; meanwhile take part in the others'
+    allreduces with zeros.
+
+    For uneven data: a rank that runs out of batches calls ``join()``; the ranks still
+    training go on calling allreduce (directly or through a DistributedOptimizer), and
+    this rank contributes zeros to each. Barriers work too. Other collectives (allgather,
+    broadcast, ...) raise :class:`UsageError` on the ranks that call them while some rank
+    has joined. Only collectives over all ranks (not process sets) see joined ranks.
+
+    Returns:
+        The rank that joined last, the same on every rank (the highest such rank when
+        several joined in the same round).
+    """
+    group = world().group
+    return execute("join", None, lambda: _wait_joined(group))
+
+
+def _wait_joined(group: Group) -> int:
+    rounds = 0
+    while True:
+        everyone = agree_joined(group, Call(collective="join", name=None, rounds=rounds))
+        if everyone is None:  # every rank joined in the same round
+            return group.world_ranks[-1]
+        outcome = resolve(everyone)
+        if len(outcome.joined) == group.size:
+            return _last_joined(group, everyone)
+        if outcome.replay is not None:
+            _replay(group, outcome.replay)
+        rounds += 1
+
+
+def _last_joined(group: Group, everyone: list[dict[str, Any]]) -> int:
+    """The rank that spent fewest rounds joined (the highest of them on a tie)."""
+    fewest = min(fields["rounds"] for fields in everyone)
+    return max(group.world_ranks[r] for r, fields in enumerate(everyone)
+               if fields["rounds"] == fewest)
+
+
+def _replay(group: Group, fields: dict[str, Any]) -> None:
+    """Make the call described by ``fields`` with zeros in place of this rank's data."""
+    collective = fields["collective"]
+    if collective == "barrier":
+        agree(group, Call(collective="barrier", name=None))
+        return
+    compressor = _COMPRESSORS[fields["compression"]]
+    if collective == "allreduce":
+        zeros = np.zeros(fields["shape"], fields["dtype"])
+        _prepare(zeros, fields["op"], fields["name"], 1.0, 1.0, None, fields["algorithm"],
+                 compressor, in_place=True)()
+        return
+    zeros_list = [np.zeros(shape, dtype) for shape, dtype in zip(fields["shape"],
+                                                                   fields["dtype"])]
+    algorithms = set(fields["algorithm"])
+    algorithm = algorithms.pop() if len(algorithms) == 1 else None
+    _prepare_grouped(zeros_list, fields["op"], fields["name"], 1.0, 1.0, None, algorithm,
+                     compressor, in_place=True)()
