@@ -278,7 +278,9 @@ def resolve(everyone: list[dict[str, Any]]) -> Outcome:
         return Outcome(again=waiting, failing=(), joined=joined,
                        replay=everyone[waiting[0]] if waiting else None)
     fields = everyone[active[0]]
-    if joined and fields.get("collective") in REPLAYABLE and             fields.get("compression", "none") in REPLAYABLE_COMPRESSION:
+    replayable = fields.get("collective") in REPLAYABLE and \
+        fields.get("compression", "none") in REPLAYABLE_COMPRESSION
+    if joined and replayable:
         return Outcome(again=active, failing=(), joined=joined, replay=fields)
     return Outcome(again=(), failing=active, joined=joined, replay=None,
                    joined_error=bool(joined))

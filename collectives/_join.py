@@ -75,8 +75,8 @@ def _replay(group: Group, fields: dict[str, Any]) -> None:
         _prepare(zeros, fields["op"], fields["name"], 1.0, 1.0, None, fields["algorithm"],
                  compressor, in_place=True)()
         return
-    zeros_list = [np.zeros(shape, dtype) for shape, dtype in zip(fields["shape"],
-                                                                   fields["dtype"])]
+    zeros_list = [np.zeros(shape, dtype)
+                  for shape, dtype in zip(fields["shape"], fields["dtype"])]
     algorithms = set(fields["algorithm"])
     algorithm = algorithms.pop() if len(algorithms) == 1 else None
     _prepare_grouped(zeros_list, fields["op"], fields["name"], 1.0, 1.0, None, algorithm,

@@ -23,6 +23,11 @@ MIN_ACCURACY = {"pytorch_mlp": 0.5, "numpy_mlp": 0.5}
 
 REQUIRES = {"pytorch_mlp": "torch"}
 
+# A Horovod script whose only change is its import line (reaches 0.7 to 0.8 here too).
+ARGUMENTS["horovod_style"] = TINY
+MIN_ACCURACY["horovod_style"] = 0.5
+REQUIRES["horovod_style"] = "torch"
+
 
 def run_example(example: str, nprocs: int, *extra: str) -> str:
     module = REQUIRES.get(example)
@@ -58,6 +63,23 @@ def test_training_example_options(example, nprocs, options):
         assert f"compression {options[options.index('--compression') + 1]}" in output, output
     if "--progress" in options:
         assert "\r" in output and "] " in output, output  # the bar, redrawn in place
+
+
+@pytest.mark.parametrize("nprocs, options", [
+    (2, ["--fp16-allreduce"]),
+    (3, ["--batches-per-allreduce", "2"]),
+])
+def test_horovod_style_example_options(nprocs, options):
+    output = run_example("horovod_style", nprocs, *options)
+    if "--fp16-allreduce" in options:
+        assert "compression fp16" in output, output
+
+
+def test_horovod_style_example_changes_only_the_import():
+    source = (ROOT / "examples" / "horovod_style.py").read_text()
+    code = source.split('"""', 2)[2]  # after the module docstring
+    assert [line for line in code.splitlines() if "ringtrain" in line] == [
+        "import ringtrain.horovod as hvd  # was: import horovod.torch as hvd"]
 
 
 def test_there_are_examples():

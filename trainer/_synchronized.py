@@ -25,6 +25,7 @@ class SynchronizedSteps:
     _reducer: GradientReducer
     _should_synchronize = True
     _synchronized = False
+    _step_after_synchronize = _STEP_AFTER_SYNCHRONIZE
 
     @property
     def reducer(self) -> GradientReducer:
@@ -64,7 +65,7 @@ class SynchronizedSteps:
         (then warn); ``when_idle=False`` skips it when no gradient is in flight."""
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn(_STEP_AFTER_SYNCHRONIZE, UserWarning, stacklevel=3)
+                warnings.warn(self._step_after_synchronize, UserWarning, stacklevel=3)
             elif when_idle or self._reducer.in_progress():
                 self.synchronize()
         self._synchronized = False
