@@ -21,7 +21,7 @@ from .mpi_ops import ProcessSet, global_process_set
 
 try:
     import cloudpickle as _pickler
-except ImportError:  # pragma: no cover - cloudpickle comes with most ML stacks
+except ImportError:  # installed with the 'horovod' extra
     _pickler = pickle
 
 
