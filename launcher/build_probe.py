@@ -10,46 +10,15 @@ leaves the earlier answers.
 
 from __future__ import annotations
 
-import ctypes
 import inspect
 import json
-import os
-import re
 
-_MPI_LIBRARY = re.compile(r"^libmpi(_[A-Za-z0-9_]+)?\.so")
 _COLLECTIVE_PREFIXES = ("allreduce", "grouped_allreduce", "broadcast", "allgather",
                         "reducescatter", "alltoall", "barrier")
-MPIX_GPU_SUPPORT_CUDA = 0
 
 
 def _emit(**fields: object) -> None:
     print(json.dumps(fields), flush=True)
-
-
-def loaded_mpi_libraries() -> list[str]:
-    """Paths of the MPI libraries mapped into this process (after mpi4py.MPI is imported)."""
-    found = []
-    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            path = fields[5].strip() if len(fields) == 6 else ""
-            if _MPI_LIBRARY.match(os.path.basename(path)) and path not in found:
-                found.append(path)
-    return found
-
-
-def cuda_aware() -> str:
-    """``"yes"``, ``"no"`` or ``"no (...)"``: MPICH's ``MPIX_GPU_query_support`` or Open
-    MPI's ``MPIX_Query_cuda_support`` on the loaded library; MPI must be initialized."""
-    for path in loaded_mpi_libraries():
-        library = ctypes.CDLL(path)
-        if hasattr(library, "MPIX_GPU_query_support"):
-            flag = ctypes.c_int(0)
-            library.MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, ctypes.byref(flag))
-            return "yes" if flag.value else "no"
-        if hasattr(library, "MPIX_Query_cuda_support"):
-            return "yes" if library.MPIX_Query_cuda_support() else "no"
-    return "no (the MPI library has no CUDA query function)"
 
 
 def main() -> None:
@@ -69,9 +38,15 @@ def main() -> None:
              if name.startswith(_COLLECTIVE_PREFIXES)
              and inspect.isfunction(getattr(collectives, name))]
     _emit(collectives=names, algorithms={key: list(value) for key, value in ALGORITHMS.items()})
+    from ringtrain.collectives.cuda_aware import cuda_awareness
+
     MPI.Init()
     try:
-        _emit(cuda_aware=cuda_aware())
+        try:
+            answer = str(cuda_awareness())
+        except ValueError as error:
+            answer = f"unknown ({error})"
+        _emit(cuda_aware=answer)
     finally:
         MPI.Finalize()
 
