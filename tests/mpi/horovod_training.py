@@ -119,6 +119,26 @@ def averages_like_the_reference():
 
 
 @check
+def joined_ranks_contribute_zeros_to_the_optimizers_buckets():
+    """Rank r trains 2 + r steps, then joins: each step averages (over all ranks) the
+    gradients of the ranks still training; ranks that joined stop stepping."""
+    k, me = rt.size(), rt.rank()
+    model = mlp()
+    expected = copy.deepcopy(model)
+    for step in range(2 + me):
+        active = [r for r in range(k) if step < 2 + r]
+        gradients = combined_gradients(expected, torch.sum, ranks=active, steps=(step,))
+        expected = stepped_reference(expected, [g / k for g in gradients])
+    optimizer = sgd(model)
+    for step in range(2 + me):
+        optimizer.zero_grad()
+        loss_of(model, me, step).backward()
+        optimizer.step()
+    assert hvd.join() == k - 1
+    assert_models_close(model, expected, f"after {2 + me} steps, the last ones with joined ranks")
+
+
+@check
 def sum_op_sums():
     model = mlp()
     expected = combined_gradients(model, torch.sum)
