@@ -8,7 +8,7 @@ from typing import Any
 from mpi4py import MPI
 import numpy as np
 
-from . import _ring
+from . import _hierarchical, _ring
 from ._agreement import Call, agree
 from ._buffers import results_like
 from ._calls import execute, flat, input_array
@@ -17,6 +17,7 @@ from ._group import Group
 from ._ops import COPY_DTYPES, check_dtype
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import simple_algorithm
+from ._topology import Layout, hierarchy_for, layout_of
 from .config import current_settings
 
 
@@ -32,7 +33,7 @@ def allgather(tensor: np.ndarray, name: str | None = None,
         tensor: this rank's rows.
         name: names the tensor in error messages; the same on every rank.
         process_set: the ranks taking part (default: all).
-        algorithm: ``ring``, ``native`` or ``auto``.
+        algorithm: ``ring``, ``hierarchical``, ``native`` or ``auto`` (``ring``).
 
     Returns:
         A new array of shape ``(sum of first dimensions, *tensor.shape[1:])``.
@@ -50,9 +51,12 @@ def allgather_async(tensor: np.ndarray, name: str | None = None,
                    restore=results_like(tensor))
 
 
-def gather_rows(group: Group, rows: np.ndarray, row_shape: tuple[int, ...], algorithm: str
+def gather_rows(group: Group, rows: np.ndarray, row_shape: tuple[int, ...], algorithm: str,
+                layout: Layout | None = None, segment_bytes: int = 0
                 ) -> tuple[np.ndarray, np.ndarray]:
     """The data phase of an allgather, after agreement: exchange row counts, then rows.
+
+    ``hierarchical`` needs the agreed ``layout`` and the segment size.
 
     Returns:
         The gathered rows and the number of rows each rank sent.
@@ -64,7 +68,11 @@ def gather_rows(group: Group, rows: np.ndarray, row_shape: tuple[int, ...], algo
     bounds = [0, *np.cumsum(counts * row_bytes).tolist()]
     data = output.reshape(-1).view(np.uint8)
     mine = flat(rows).view(np.uint8)
-    if algorithm == "native":
+    if algorithm == "hierarchical" and group.size > 1:
+        data[bounds[group.rank]:bounds[group.rank + 1]] = mine
+        _hierarchical.allgather(group, hierarchy_for(group, layout), data, bounds,
+                                segment_bytes)
+    elif algorithm == "native":
         group.comm.Allgatherv(mine, [data, (counts * row_bytes).tolist(), bounds[:-1], MPI.BYTE])
     else:
         data[bounds[group.rank]:bounds[group.rank + 1]] = mine
@@ -78,12 +86,17 @@ def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
     check_dtype(array.dtype, COPY_DTYPES, "allgather", name)
     rows = array.reshape(1) if array.ndim == 0 else array
     group = resolve_group(process_set, "allgather", name)
-    chosen = simple_algorithm("allgather", algorithm, current_settings(), name)
+    settings = current_settings()
+    chosen = simple_algorithm("allgather", algorithm, settings, name)
+    layout = layout_of(group, settings)
+    extra = {"layout": layout.describe(), "segment_bytes": settings.segment_bytes} \
+        if chosen == "hierarchical" else {}
     call = Call(collective="allgather", name=name, dtype=array.dtype,
-                algorithm=chosen, **{"shape[1:]": rows.shape[1:]})
+                algorithm=chosen, **{"shape[1:]": rows.shape[1:]}, **extra)
 
     def run() -> np.ndarray:
         agree(group, call)
-        return gather_rows(group, rows, rows.shape[1:], chosen)[0]
+        return gather_rows(group, rows, rows.shape[1:], chosen, layout,
+                           settings.segment_bytes)[0]
 
     return run

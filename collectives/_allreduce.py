@@ -12,7 +12,7 @@ import numpy as np
 from ..kernels import (Compression, Compressor, FusionLayout, abs_max, pack, reducer,
                        scale_into)
 from ..kernels.reduction import Combine
-from . import _recursive_doubling, _ring
+from . import _hierarchical, _recursive_doubling, _ring
 from ._agreement import PAYLOAD_CAPACITY, Call, ValueRange, agree
 from ._buffers import results_like, returns_itself
 from ._calls import check_scale_factors, execute, flat, in_place_array, input_array
@@ -22,6 +22,7 @@ from ._native import MPI_OPS, sixteen_bit_op
 from ._ops import REDUCE_DTYPES, ReduceOp, check_dtype, check_op_for_dtype, resolve_op
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import allreduce_algorithm
+from ._topology import HIERARCHICAL, Layout, hierarchy_for, layout_of
 from ._tracing import phase
 from .config import current_settings
 from .errors import InvalidArgumentError, NonFiniteWarning, subject
@@ -44,12 +45,13 @@ def allreduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | N
         prescale_factor: multiplies the input before the reduction (floating dtypes).
         postscale_factor: multiplies the result (floating dtypes).
         process_set: the ranks taking part (default: all).
-        algorithm: ``ring``, ``recursive_doubling``, ``native`` or ``auto`` (default:
-            the ``allreduce_algorithm`` setting).
+        algorithm: ``ring``, ``recursive_doubling``, ``hierarchical``, ``node_leader``,
+            ``native`` or ``auto`` (default: the ``allreduce_algorithm`` setting).
         compression: ``Compression.fp16`` or ``Compression.bf16`` send float32 tensors
             as 16-bit floats (half the bytes; the result is float32 again, with the
             16-bit format's precision); other dtypes travel as they are. Product is
-            refused with compression.
+            refused with compression. The hierarchical algorithms compress only the
+            traffic between nodes.
 
     Returns:
         A new array of ``tensor``'s shape and dtype, bit-identical on every rank.
@@ -200,7 +202,7 @@ class _Plan:
     """What one kind of allreduce call needs, validated and computed once, then reused."""
 
     __slots__ = ("group", "settings", "op", "algorithm", "call", "finish", "combine",
-                 "compressor", "wire")
+                 "compressor", "wire", "layout")
 
     def __init__(self, array: np.ndarray, op: Any, name: str | None, prescale_factor: float,
                  postscale_factor: float, process_set: ProcessSet | None,
@@ -213,12 +215,14 @@ class _Plan:
         wire_dtype = self.compressor.wire_dtype if self.compressor else array.dtype
         self.group = resolve_group(process_set, collective, name)
         self.settings = current_settings()
+        self.layout = layout_of(self.group, self.settings)
         self.algorithm = allreduce_algorithm(algorithm, array.size * wire_dtype.itemsize,
-                                             self.group.size, self.settings, name)
+                                             self.group.size, self.settings, name, self.layout)
         self.call = Call(collective="allreduce", name=name, op=self.op.name,
                          dtype=array.dtype, shape=array.shape, algorithm=self.algorithm,
                          segment_bytes=None if self.algorithm == "native"
-                         else self.settings.segment_bytes, compression=compression.name)
+                         else self.settings.segment_bytes, compression=compression.name,
+                         **layout_field(self.layout, self.algorithm))
         self.finish = finisher(self.group.size if self.op is ReduceOp.Average else 1,
                                postscale_factor)
         self.combine = reducer(self.op.value, wire_dtype,
@@ -311,7 +315,7 @@ def reduce_planned(plan: _Plan, collective: str, name: str | None, source: np.nd
             np.multiply(source, prescale_factor, out=result)
             start = result
         reduce_flat(plan.group, plan.algorithm, start, result, plan.op, plan.combine,
-                    plan.finish, plan.settings.segment_bytes)
+                    plan.finish, plan.settings.segment_bytes, layout=plan.layout)
 
 
 def _reduce_compressed(plan: _Plan, collective: str, name: str | None, source: np.ndarray,
@@ -325,11 +329,21 @@ def _reduce_compressed(plan: _Plan, collective: str, name: str | None, source: n
     if nonfinite:
         warn_nonfinite(group, value_range, compressor, collective, name)
     scale = compressor.scale_for(value_range.abs_max, group.size)
+    divisor = group.size if plan.op is ReduceOp.Average else 1
+    if plan.algorithm in HIERARCHICAL:
+        start = source
+        if prescale_factor != 1.0:
+            np.multiply(source, prescale_factor, out=result)
+            start = result
+        reduce_hierarchical(group, plan.algorithm, plan.layout, start, result, plan.op,
+                            plan.settings.segment_bytes,
+                            _hierarchical.Wire(compressor, wire, plan.combine, scale,
+                                               postscale_factor / (scale * divisor), name))
+        return
     with phase("compress", bytes=source.nbytes, format=compressor.name):
         compressor.encode(source, wire, scale * prescale_factor, key=name)
     reduce_flat(group, plan.algorithm, wire, wire, plan.op, plan.combine, None,
                 plan.settings.segment_bytes, compressor.encoding)
-    divisor = group.size if plan.op is ReduceOp.Average else 1
     with phase("decompress", bytes=result.nbytes, format=compressor.name):
         compressor.decode(wire, result, postscale_factor / (scale * divisor))
 
@@ -347,15 +361,22 @@ def warn_nonfinite(group: Group, value_range: ValueRange, compressor: Compressor
 
 def reduce_flat(group: Group, algorithm: str, source: np.ndarray, result: np.ndarray,
                 op: ReduceOp, combine: Combine, finish: Finish | None, segment_bytes: int,
-                encoding: str | None = None) -> None:
+                encoding: str | None = None, layout: Layout | None = None) -> None:
     """The data phase of an allreduce, after agreement: 1-D ``source`` into ``result``.
 
     ``combine`` reduces two ranks' values (see :func:`ringtrain.kernels.reducer`);
-    ``encoding`` names a 16-bit float format stored as uint16.
+    ``encoding`` names a 16-bit float format stored as uint16; ``layout`` is the one
+    the call agreed on (the hierarchical algorithms need it).
     """
     if group.size == 1 or source.size == 0:
         if result is not source:
             result[:] = source
+    elif algorithm in HIERARCHICAL:
+        hierarchy = hierarchy_for(group, layout or layout_of(group, current_settings()))
+        run = _hierarchical.allreduce if algorithm == "hierarchical" else \
+            _hierarchical.leader_allreduce
+        run(hierarchy, source, result, combine, finish, segment_bytes)
+        return
     elif algorithm == "ring":
         _ring.allreduce(group, source, result, combine, finish, segment_bytes)
         return
@@ -375,6 +396,27 @@ def reduce_flat(group: Group, algorithm: str, source: np.ndarray, result: np.nda
             group.comm.Allreduce(send, result, MPI_OPS[op])
     if finish is not None:
         finish(result)
+
+
+def reduce_hierarchical(group: Group, algorithm: str, layout: Layout, source: np.ndarray,
+                        result: np.ndarray, op: ReduceOp, segment_bytes: int,
+                        wire: _hierarchical.Wire) -> None:
+    """A compressed hierarchical allreduce after agreement: full precision inside the
+    nodes, ``wire``'s format between them; ``wire`` applies the scales."""
+    if source.size == 0 or group.size == 1:
+        if result is not source:
+            result[:] = source
+        np.multiply(result, wire.decode_scale * wire.encode_scale, out=result)
+        return
+    run = _hierarchical.allreduce if algorithm == "hierarchical" else \
+        _hierarchical.leader_allreduce
+    run(hierarchy_for(group, layout), source, result, reducer(op.value, source.dtype), None,
+        segment_bytes, wire)
+
+
+def layout_field(layout: Layout, algorithm: str) -> dict[str, str]:
+    """The call signature's ``layout`` field, for the algorithms that depend on it."""
+    return {"layout": layout.describe()} if algorithm in HIERARCHICAL else {}
 
 
 def finisher(divisor: int, postscale_factor: float) -> Finish | None:
@@ -417,6 +459,7 @@ def _prepare_grouped(tensors: Sequence[Any], op: Any, name: str | None,
     compression = check_compression(compression, collective, name)
     group = resolve_group(process_set, collective, name)
     settings = current_settings()
+    layout = layout_of(group, settings)
     by_dtype: dict[np.dtype, list[int]] = {}
     for index, array in enumerate(arrays):
         by_dtype.setdefault(array.dtype, []).append(index)
@@ -424,11 +467,13 @@ def _prepare_grouped(tensors: Sequence[Any], op: Any, name: str | None,
                            active_compressor(compression, dtype, op, collective, name))
              for dtype, members in by_dtype.items()}
     chosen = {dtype: allreduce_algorithm(algorithm, part.wire.nbytes, group.size, settings,
-                                         name) for dtype, part in fused.items()}
+                                         name, layout) for dtype, part in fused.items()}
     call = Call(collective="grouped_allreduce", name=name, op=op.name,
                 dtype=tuple(a.dtype for a in arrays), shape=tuple(a.shape for a in arrays),
                 algorithm=tuple(chosen[a.dtype] for a in arrays),
-                segment_bytes=settings.segment_bytes, compression=compression.name)
+                segment_bytes=settings.segment_bytes, compression=compression.name,
+                **layout_field(layout, next((c for c in chosen.values() if c in HIERARCHICAL),
+                                            "")))
     divisor = group.size if op is ReduceOp.Average else 1
     compressed = [part for part in fused.values() if part.compressor is not None]
     ranged = any(part.compressor.needs_range for part in compressed)
@@ -451,23 +496,38 @@ def _prepare_grouped(tensors: Sequence[Any], op: Any, name: str | None,
             if part.compressor is not None:
                 if ranged:
                     scale = part.compressor.scale_for(value_range.abs_max, group.size)
+                if chosen[dtype] in HIERARCHICAL:
+                    reduce_hierarchical(
+                        group, chosen[dtype], layout, part.buffer, part.buffer, op,
+                        settings.segment_bytes,
+                        _hierarchical.Wire(part.compressor, part.wire,
+                                           reducer(op.value, part.wire.dtype,
+                                                   part.compressor.encoding),
+                                           scale, postscale_factor / (scale * divisor), name))
+                    _unpack(part, arrays, outputs, in_place, 1.0)
+                    continue
                 part.compressor.encode(part.buffer, part.wire, scale, key=name)
             encoding = part.compressor.encoding if part.compressor else None
             finish = finisher(divisor, 1.0) if part.compressor is None else None
             reduce_flat(group, chosen[dtype], part.wire, part.wire, op,
                         reducer(op.value, part.wire.dtype, encoding), finish,
-                        settings.segment_bytes, encoding)
+                        settings.segment_bytes, encoding, layout)
             if part.compressor is not None:
                 part.compressor.decode(part.wire, part.buffer,
                                        postscale_factor / (scale * divisor))
                 unpack_scale = 1.0
-            views = part.layout.views(part.buffer)
-            for index, view in zip(part.members, views):
-                if in_place:
-                    scale_into(view, unpack_scale, arrays[index])
-                else:  # the buffer is this call's own: its views are the results
-                    scale_into(view, unpack_scale, view)
-                    outputs[index] = view
+            _unpack(part, arrays, outputs, in_place, unpack_scale)
         return outputs
 
     return run
+
+
+def _unpack(part: _Fused, arrays: list[np.ndarray], outputs: list[np.ndarray],
+            in_place: bool, scale: float) -> None:
+    """Hand out one dtype's reduced buffer: into the inputs, or as views of it."""
+    for index, view in zip(part.members, part.layout.views(part.buffer)):
+        if in_place:
+            scale_into(view, scale, arrays[index])
+        else:  # the buffer is this call's own: its views are the results
+            scale_into(view, scale, view)
+            outputs[index] = view

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _broadcast_algorithms
+from . import _broadcast_algorithms, _hierarchical
 from ._agreement import Call, agree
 from ._buffers import results_like, returns_itself
 from ._calls import execute, flat, in_place_array, input_array
@@ -16,6 +16,7 @@ from ._group import Group
 from ._ops import COPY_DTYPES, check_dtype
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import broadcast_algorithm
+from ._topology import Layout, hierarchy_for, layout_of
 from .config import current_settings
 from .errors import InvalidArgumentError, subject
 
@@ -31,7 +32,7 @@ def broadcast(tensor: np.ndarray, root_rank: int, name: str | None = None,
         root_rank: world rank of the sender; must be in the process set.
         name: names the tensor in error messages; the same on every rank.
         process_set: the ranks taking part (default: all).
-        algorithm: ``binomial``, ``pipeline``, ``native`` or ``auto``.
+        algorithm: ``binomial``, ``pipeline``, ``hierarchical``, ``native`` or ``auto``.
 
     Raises:
         MismatchError: ranks passed different shapes, dtypes, roots or names.
@@ -82,11 +83,19 @@ def root_in_group(group: Group, root_rank: Any, collective: str, name: str | Non
 
 
 def broadcast_bytes(group: Group, data: np.ndarray, root: int, algorithm: str,
-                    segment_bytes: int) -> None:
-    """The data phase of a broadcast, after agreement: 1-D uint8 ``data`` from ``root``."""
+                    segment_bytes: int, layout: Layout | None = None,
+                    inner: str = "pipeline") -> None:
+    """The data phase of a broadcast, after agreement: 1-D uint8 ``data`` from ``root``.
+
+    ``hierarchical`` needs the agreed ``layout``, and runs ``inner`` (``pipeline`` or
+    ``binomial``) between and inside the nodes.
+    """
     if group.size == 1 or data.nbytes == 0:
         return
-    if algorithm == "pipeline":
+    if algorithm == "hierarchical":
+        _hierarchical.broadcast(hierarchy_for(group, layout), data, root, inner,
+                                segment_bytes)
+    elif algorithm == "pipeline":
         _broadcast_algorithms.pipeline(group, data, root, segment_bytes)
     elif algorithm == "binomial":
         _broadcast_algorithms.binomial(group, data, root)
@@ -102,10 +111,16 @@ def _prepare(tensor: Any, root_rank: Any, name: str | None, process_set: Process
     group = resolve_group(process_set, collective, name)
     root = root_in_group(group, root_rank, collective, name)
     settings = current_settings()
-    chosen = broadcast_algorithm(algorithm, array.nbytes, group.size, settings, name)
+    layout = layout_of(group, settings)
+    chosen = broadcast_algorithm(algorithm, array.nbytes, group.size, settings, name, layout)
+    inner = "pipeline" if array.nbytes >= settings.broadcast_pipeline_min_bytes \
+        else "binomial"
+    hierarchical = chosen == "hierarchical"
     call = Call(collective="broadcast", name=name, root_rank=int(root_rank),
                 dtype=array.dtype, shape=array.shape, algorithm=chosen,
-                segment_bytes=settings.segment_bytes if chosen == "pipeline" else None)
+                segment_bytes=settings.segment_bytes if chosen == "pipeline" or hierarchical
+                else None,
+                **({"layout": layout.describe(), "schedule": inner} if hierarchical else {}))
 
     def run() -> np.ndarray:
         agree(group, call)
@@ -115,7 +130,8 @@ def _prepare(tensor: Any, root_rank: Any, name: str | None, process_set: Process
         else:
             output = array.copy() if group.rank == root else np.empty(array.shape, array.dtype)
             work = output.reshape(-1)
-        broadcast_bytes(group, work.view(np.uint8), root, chosen, settings.segment_bytes)
+        broadcast_bytes(group, work.view(np.uint8), root, chosen, settings.segment_bytes,
+                        layout, inner)
         if in_place and not array.flags.c_contiguous:
             array[...] = work.reshape(array.shape)
         return output

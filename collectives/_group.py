@@ -41,6 +41,8 @@ class Group:
             every message so users see the ranks they know.
         scratch: temporary buffers of this group.
         state: per-group objects the algorithms keep between calls, by algorithm.
+        children: groups built from this one's ranks (the hierarchical algorithms'
+            node and cross-node groups), freed with it.
     """
 
     def __init__(self, comm: MPI.Comm, world_ranks: tuple[int, ...]):
@@ -50,6 +52,7 @@ class Group:
         self.world_ranks = world_ranks
         self.scratch = Scratch()
         self.state: dict[str, object] = {}
+        self.children: list[Group] = []
 
     @property
     def world_rank(self) -> int:
@@ -57,6 +60,9 @@ class Group:
         return self.world_ranks[self.rank]
 
     def free(self) -> None:
-        """Release the communicator (collective over the group)."""
+        """Release the communicator and its children's (collective over the group)."""
+        for child in self.children:
+            child.free()
+        self.children.clear()
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()

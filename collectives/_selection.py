@@ -6,10 +6,16 @@ segments). broadcast: one direct send for two ranks, a binomial tree below
 ``broadcast_pipeline_min_bytes``, the pipelined chain from it on. allgather and
 reducescatter: the ring. alltoall: the pairwise exchange. Thresholds are settings (see
 ``config``), and ``algorithm=`` on a call overrides the choice.
+
+When the ranks span several nodes and some node holds more than one of them, allreduce
+and broadcast of at least ``hierarchical_min_bytes`` use the ``hierarchical`` algorithm
+(see ``_hierarchical``): it sends each byte across nodes once per node rather than once
+per rank.
 """
 
 from __future__ import annotations
 
+from ._topology import Layout
 from .config import ALGORITHMS, Settings
 from .errors import InvalidArgumentError, subject
 
@@ -28,20 +34,24 @@ def requested(collective: str, algorithm: str | None, settings: Settings,
 
 
 def allreduce_algorithm(algorithm: str | None, nbytes: int, size: int, settings: Settings,
-                        name: str | None) -> str:
-    """Choose the allreduce algorithm."""
+                        name: str | None, layout: Layout | None = None) -> str:
+    """Choose the allreduce algorithm (``layout``: the group's nodes, if known)."""
     choice = requested("allreduce", algorithm, settings, name)
     if choice != "auto":
         return choice
+    if _hierarchical_pays(layout, nbytes, settings):
+        return "hierarchical"
     return "recursive_doubling" if nbytes <= settings.recursive_doubling_max_bytes else "ring"
 
 
 def broadcast_algorithm(algorithm: str | None, nbytes: int, size: int, settings: Settings,
-                        name: str | None) -> str:
-    """Choose the broadcast algorithm."""
+                        name: str | None, layout: Layout | None = None) -> str:
+    """Choose the broadcast algorithm (``layout``: the group's nodes, if known)."""
     choice = requested("broadcast", algorithm, settings, name)
     if choice != "auto":
         return choice
+    if _hierarchical_pays(layout, nbytes, settings):
+        return "hierarchical"
     if size <= 2 or nbytes < settings.broadcast_pipeline_min_bytes:
         return "binomial"
     return "pipeline"
@@ -52,3 +62,8 @@ def simple_algorithm(collective: str, algorithm: str | None, settings: Settings,
     """Choose the algorithm of allgather, reducescatter or alltoall."""
     choice = requested(collective, algorithm, settings, name)
     return _DEFAULTS[collective] if choice == "auto" else choice
+
+
+def _hierarchical_pays(layout: Layout | None, nbytes: int, settings: Settings) -> bool:
+    return layout is not None and layout.pays_off and \
+        nbytes >= settings.hierarchical_min_bytes

@@ -28,6 +28,7 @@ class World:
         executor: orders every collective of this process.
         generation: counts inits, so process sets know when to rebuild their communicators.
         process_set_groups: the communicators built for process sets, freed at shutdown.
+        node_keys: for each rank, the lowest rank on its node (names the node).
     """
 
     group: Group
@@ -37,6 +38,7 @@ class World:
     generation: int
     process_set_groups: list[Group] = dataclasses.field(default_factory=list)
     stall_inspector: StallInspector | None = None
+    node_keys: tuple[int, ...] = ()
 
 
 _world: World | None = None
@@ -66,8 +68,10 @@ def init(comm: MPI.Comm | None = None) -> None:
     world_ranks = tuple(range(own.Get_size()))
     local_comm = own.Split_type(MPI.COMM_TYPE_SHARED, key=own.Get_rank())
     cross_comm = own.Split(color=local_comm.Get_rank(), key=own.Get_rank())
+    node_keys = tuple(own.allgather(local_comm.allreduce(own.Get_rank(), MPI.MIN)))
     _generation += 1
-    _world = World(Group(own, world_ranks), local_comm, cross_comm, Executor(), _generation)
+    _world = World(Group(own, world_ranks), local_comm, cross_comm, Executor(), _generation,
+                   node_keys=node_keys)
     set_rank(own.Get_rank())
     configure_logging(own.Get_rank())
     ACTIVITY.reset()

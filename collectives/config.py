@@ -18,9 +18,10 @@ from collections.abc import Mapping
 from .errors import InvalidArgumentError
 
 ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "allreduce": ("auto", "ring", "recursive_doubling", "native"),
-    "broadcast": ("auto", "pipeline", "binomial", "native"),
-    "allgather": ("auto", "ring", "native"),
+    "allreduce": ("auto", "ring", "recursive_doubling", "hierarchical", "node_leader",
+                  "native"),
+    "broadcast": ("auto", "pipeline", "binomial", "hierarchical", "native"),
+    "allgather": ("auto", "ring", "hierarchical", "native"),
     "reducescatter": ("auto", "ring", "native"),
     "alltoall": ("auto", "pairwise", "native"),
 }
@@ -44,6 +45,12 @@ class Settings:
             and temporary memory stays at two pieces.
         broadcast_pipeline_min_bytes: ``auto`` broadcast uses a binomial tree below this
             size and the pipelined chain from it on.
+        hierarchical_min_bytes: when the ranks span several nodes (and some node holds
+            more than one of them), ``auto`` allreduce and broadcast use the
+            hierarchical algorithms from this size on.
+        node_size: 0 takes the nodes from MPI's shared-memory split; k > 0 pretends
+            that every k consecutive world ranks form a node (the last one may be
+            smaller), so that the hierarchical algorithms can be tried on one machine.
     """
 
     allreduce_algorithm: str = "auto"
@@ -54,6 +61,8 @@ class Settings:
     recursive_doubling_max_bytes: int = 128 * 1024
     segment_bytes: int = 256 * 1024
     broadcast_pipeline_min_bytes: int = 512 * 1024
+    hierarchical_min_bytes: int = 256 * 1024
+    node_size: int = 0
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -67,7 +76,8 @@ class Settings:
             if value not in choices:
                 raise InvalidArgumentError(
                     f"{collective}_algorithm={value!r} is not one of {', '.join(choices)}")
-        for field in ("recursive_doubling_max_bytes", "broadcast_pipeline_min_bytes"):
+        for field in ("recursive_doubling_max_bytes", "broadcast_pipeline_min_bytes",
+                      "hierarchical_min_bytes", "node_size"):
             if getattr(self, field) < 0:
                 raise InvalidArgumentError(f"{field} must be >= 0, got {getattr(self, field)}")
         if self.segment_bytes < 64:

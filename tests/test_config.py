@@ -225,9 +225,11 @@ def test_settings_accept_each_algorithm_and_refuse_others(collective):
 def test_algorithm_table():
     assert set(ALGORITHMS) == {"allreduce", "broadcast", "allgather", "reducescatter",
                                "alltoall"}
-    assert set(ALGORITHMS["allreduce"]) == {"auto", "ring", "recursive_doubling", "native"}
-    assert set(ALGORITHMS["broadcast"]) == {"auto", "binomial", "pipeline", "native"}
-    assert set(ALGORITHMS["allgather"]) == {"auto", "ring", "native"}
+    assert set(ALGORITHMS["allreduce"]) == {"auto", "ring", "recursive_doubling",
+                                            "hierarchical", "node_leader", "native"}
+    assert set(ALGORITHMS["broadcast"]) == {"auto", "binomial", "pipeline", "hierarchical",
+                                            "native"}
+    assert set(ALGORITHMS["allgather"]) == {"auto", "ring", "hierarchical", "native"}
     assert set(ALGORITHMS["reducescatter"]) == {"auto", "ring", "native"}
     assert set(ALGORITHMS["alltoall"]) == {"auto", "pairwise", "native"}
     assert rt.ALGORITHMS is ALGORITHMS

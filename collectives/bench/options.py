@@ -125,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-r", "--root", type=int, default=0, help="broadcast root")
     parser.add_argument("--algo", default="auto,native",
                         help="comma-separated algorithms (auto, ring, recursive_doubling, "
-                             "pipeline, binomial, pairwise, native; default auto,native)")
+                             "hierarchical, node_leader, pipeline, binomial, pairwise, "
+                             "native; default auto,native)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--compression", choices=("none", "fp16", "bf16"), default="none")
     parser.add_argument("--csv", metavar="FILE")
