@@ -12,6 +12,7 @@ from ._activity import ACTIVITY
 from ._executor import Executor
 from ._group import Group
 from ._stall import StallInspector, stall_settings
+from .cuda_aware import CudaAwareness, cuda_awareness, query_mpi_library
 from .errors import NotInitializedError, set_rank
 from .logs import LOGGER, configure_logging
 from .timeline import TIMELINE_VARIABLE, start_timeline, stop_timeline
@@ -29,6 +30,7 @@ class World:
         generation: counts inits, so process sets know when to rebuild their communicators.
         process_set_groups: the communicators built for process sets, freed at shutdown.
         node_keys: for each rank, the lowest rank on its node (names the node).
+        cuda_aware: whether MPI takes device pointers (see :mod:`.cuda_aware`).
     """
 
     group: Group
@@ -39,6 +41,7 @@ class World:
     process_set_groups: list[Group] = dataclasses.field(default_factory=list)
     stall_inspector: StallInspector | None = None
     node_keys: tuple[int, ...] = ()
+    cuda_aware: CudaAwareness = CudaAwareness(False, "not asked")
 
 
 _world: World | None = None
@@ -76,8 +79,19 @@ def init(comm: MPI.Comm | None = None) -> None:
     configure_logging(own.Get_rank())
     ACTIVITY.reset()
     _world.stall_inspector = _start_stall_inspector(own)
+    _world.cuda_aware = _cuda_awareness()
     # Ranks on one node share its cores: parallel host kernels take their share only.
     set_host_threads(max(1, _usable_cores() // local_comm.Get_size()))
+
+
+def _cuda_awareness() -> CudaAwareness:
+    try:
+        answer = cuda_awareness()
+    except ValueError as error:
+        LOGGER.warning("%s; asking the MPI library instead", error)
+        answer = query_mpi_library()
+    LOGGER.info("CUDA-aware MPI: %s", answer)
+    return answer
 
 
 def _start_stall_inspector(own: MPI.Comm) -> StallInspector | None:

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from mpi_launch import run_mpi
 from ringtrain.collectives.cuda_aware import CUDA_AWARE_VARIABLE, CudaAwareness, cuda_awareness
 
 
@@ -38,3 +39,19 @@ def test_the_loaded_mpi_library_answers():
         run.stdout
     if vendor == "MPICH":
         assert answer.startswith("no "), answer  # the PyPI MPICH wheel is built without CUDA
+
+
+@pytest.mark.parametrize("override, expected", [
+    (None, "no (MPIX_"), ("1", "yes (RINGTRAIN_CUDA_AWARE_MPI=1)"),
+    ("maybe", "no (MPIX_")])
+def test_init_decides_once_and_logs_it(override, expected):
+    env = {"RINGTRAIN_LOG_LEVEL": "INFO"}
+    if override is not None:
+        env[CUDA_AWARE_VARIABLE] = override
+    output = run_mpi("cuda_aware_init", 2, env=env, timeout=60)
+    for rank in (0, 1):  # the ranks' lines may interleave: count, do not split
+        assert output.count(f"r{rank} | INFO | CUDA-aware MPI: ") == 1, output
+        assert output.count(f"r{rank} | INFO | CUDA-aware MPI: {expected}") == 1, output
+        assert f"rank {rank} decided {expected}" in output, output
+    if override == "maybe":
+        assert "RINGTRAIN_CUDA_AWARE_MPI='maybe'" in output, output
