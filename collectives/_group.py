@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from mpi4py import MPI
 import numpy as np
+
+
+class Releasable(Protocol):
+    """What a group frees with itself: a communicator or window built on its ranks."""
+
+    def free(self) -> None:
+        """Release it (collective over the ranks it was built on)."""
 
 
 class Scratch:
@@ -41,8 +50,9 @@ class Group:
             every message so users see the ranks they know.
         scratch: temporary buffers of this group.
         state: per-group objects the algorithms keep between calls, by algorithm.
-        children: groups built from this one's ranks (the hierarchical algorithms'
-            node and cross-node groups), freed with it.
+        children: what was built on this group's ranks (the hierarchical algorithms'
+            node and cross-node groups, a node's shared-memory window), freed with it
+            in reverse order of creation.
     """
 
     def __init__(self, comm: MPI.Comm, world_ranks: tuple[int, ...]):
@@ -52,7 +62,7 @@ class Group:
         self.world_ranks = world_ranks
         self.scratch = Scratch()
         self.state: dict[str, object] = {}
-        self.children: list[Group] = []
+        self.children: list[Releasable] = []
 
     @property
     def world_rank(self) -> int:
@@ -61,7 +71,7 @@ class Group:
 
     def free(self) -> None:
         """Release the communicator and its children's (collective over the group)."""
-        for child in self.children:
+        for child in reversed(self.children):
             child.free()
         self.children.clear()
         if self.comm != MPI.COMM_NULL:
