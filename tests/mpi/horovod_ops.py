@@ -386,7 +386,8 @@ def poll_is_false_then_true():
 def duplicate_name_in_flight_is_refused():
     big = torch.ones(1 << 20, dtype=torch.float32)
     first = hvd.allreduce_async(big, op=hvd.Sum, name="dup")
-    expect_raises(ValueError, hvd.allreduce_async, big, op=hvd.Sum, name="dup")
+    expect_raises(ValueError, hvd.allreduce_async, big, op=hvd.Sum, name="dup",
+                  match=[f"rank {hvd.rank()}: allreduce of tensor 'dup'", "in flight"])
     expect_raises(ValueError, hvd.allreduce, big, op=hvd.Sum, name="dup")
     # another collective may use the same name
     other = hvd.allgather_async(torch.ones(2), name="dup")

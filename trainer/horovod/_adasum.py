@@ -22,15 +22,16 @@ _ZERO_NORM = 1e-8
 def check_adasum(process_set: Any, dtypes: list[torch.dtype]) -> None:
     """Refuse what Horovod's CPU Adasum refuses: a process set other than all ranks, a
     number of ranks that is not a power of two, a dtype that is not floating."""
+    where = f"rank {rtc.rank()}: Adasum"
     if process_set is not None and process_set is not rtc.global_process_set:
-        raise NotImplementedError("Adasum does not support non-global process sets yet.")
+        raise NotImplementedError(f"{where} runs over all ranks only, not over "
+                                  f"process set {process_set.ranks}")
     size = rtc.size()
     if size & (size - 1):
-        raise NotImplementedError("Running Adasum with non-power of 2 ranks is not "
-                                  "supported yet.")
+        raise NotImplementedError(f"{where} needs a power of 2 ranks, not {size}; use op=Average")
     for dtype in dtypes:
         if not dtype.is_floating_point:
-            raise ValueError(f"Adasum needs floating-point tensors, got {dtype}")
+            raise ValueError(f"{where} needs floating-point tensors, got {dtype}")
 
 
 def adasum_parts(tensor: torch.Tensor, output: torch.Tensor | None, key: str | None,

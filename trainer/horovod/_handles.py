@@ -88,8 +88,10 @@ def reserve(key: str | None) -> None:
         other = _in_flight.get(key)
         if other is not None and not other.done():
             collective, name = key.split(".", 1)
-            raise ValueError(f"{collective} {name!r}: an operation of this name is still in "
-                             f"flight on this rank, and names in flight must be unique")
+            where = f"rank {rtc.rank()}: " if rtc.is_initialized() else ""
+            raise ValueError(f"{where}{collective} of tensor {name!r}: an operation of this "
+                             f"name is still in flight on this rank, and names in flight "
+                             f"must be unique")
 
 
 def start(parts: Sequence[Any], finish: Finish, key: str | None,
