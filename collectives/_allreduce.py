@@ -310,10 +310,7 @@ def reduce_planned(plan: _Plan, collective: str, name: str | None, source: np.nd
             plan.finish(result)
     else:
         agree(plan.group, plan.call)
-        start = source
-        if prescale_factor != 1.0:
-            np.multiply(source, prescale_factor, out=result)
-            start = result
+        start = _prescaled(source, result, prescale_factor)
         reduce_flat(plan.group, plan.algorithm, start, result, plan.op, plan.combine,
                     plan.finish, plan.settings.segment_bytes, layout=plan.layout)
 
@@ -331,10 +328,7 @@ def _reduce_compressed(plan: _Plan, collective: str, name: str | None, source: n
     scale = compressor.scale_for(value_range.abs_max, group.size)
     divisor = group.size if plan.op is ReduceOp.Average else 1
     if plan.algorithm in HIERARCHICAL:
-        start = source
-        if prescale_factor != 1.0:
-            np.multiply(source, prescale_factor, out=result)
-            start = result
+        start = _prescaled(source, result, prescale_factor)
         reduce_hierarchical(group, plan.algorithm, plan.layout, start, result, plan.op,
                             plan.settings.segment_bytes,
                             _hierarchical.Wire(compressor, wire, plan.combine, scale,
@@ -373,9 +367,8 @@ def reduce_flat(group: Group, algorithm: str, source: np.ndarray, result: np.nda
             result[:] = source
     elif algorithm in HIERARCHICAL:
         hierarchy = hierarchy_for(group, layout or layout_of(group, current_settings()))
-        run = _hierarchical.allreduce if algorithm == "hierarchical" else \
-            _hierarchical.leader_allreduce
-        run(hierarchy, source, result, combine, finish, segment_bytes)
+        _hierarchical_schedule(algorithm)(hierarchy, source, result, combine, finish,
+                                          segment_bytes)
         return
     elif algorithm == "ring":
         _ring.allreduce(group, source, result, combine, finish, segment_bytes)
@@ -408,10 +401,23 @@ def reduce_hierarchical(group: Group, algorithm: str, layout: Layout, source: np
             result[:] = source
         np.multiply(result, wire.decode_scale * wire.encode_scale, out=result)
         return
-    run = _hierarchical.allreduce if algorithm == "hierarchical" else \
+    _hierarchical_schedule(algorithm)(hierarchy_for(group, layout), source, result,
+                                      reducer(op.value, source.dtype), None, segment_bytes,
+                                      wire)
+
+
+def _hierarchical_schedule(algorithm: str) -> Callable[..., None]:
+    """The function of a hierarchical algorithm (``hierarchical`` or ``node_leader``)."""
+    return _hierarchical.allreduce if algorithm == "hierarchical" else \
         _hierarchical.leader_allreduce
-    run(hierarchy_for(group, layout), source, result, reducer(op.value, source.dtype), None,
-        segment_bytes, wire)
+
+
+def _prescaled(source: np.ndarray, result: np.ndarray, factor: float) -> np.ndarray:
+    """What the reduction starts from: ``source``, or ``source * factor`` in ``result``."""
+    if factor == 1.0:
+        return source
+    np.multiply(source, factor, out=result)
+    return result
 
 
 def layout_field(layout: Layout, algorithm: str) -> dict[str, str]:
