@@ -8,9 +8,9 @@ from typing import Any
 from mpi4py import MPI
 import numpy as np
 
-from . import _hierarchical, _ring
+from . import _device_calls, _hierarchical, _ring
 from ._agreement import Call, agree
-from ._buffers import results_like
+from ._buffers import device_tensor, results_like
 from ._calls import execute, flat, input_array
 from ._executor import Handle
 from ._group import Group
@@ -82,6 +82,11 @@ def gather_rows(group: Group, rows: np.ndarray, row_shape: tuple[int, ...], algo
 
 def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
              algorithm: str | None) -> Callable[[], np.ndarray]:
+    on_device = device_tensor(tensor, "allgather", name)
+    if on_device is not None:
+        return _device_calls.allgather(
+            on_device, name, process_set, algorithm,
+            lambda array: _prepare(array, name, process_set, algorithm))
     array = input_array(tensor, "allgather", name)
     check_dtype(array.dtype, COPY_DTYPES, "allgather", name)
     rows = array.reshape(1) if array.ndim == 0 else array

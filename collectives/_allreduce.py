@@ -12,9 +12,9 @@ import numpy as np
 from ..kernels import (Compression, Compressor, FusionLayout, abs_max, pack, reducer,
                        scale_into)
 from ..kernels.reduction import Combine
-from . import _hierarchical, _recursive_doubling, _ring
+from . import _device_calls, _hierarchical, _recursive_doubling, _ring
 from ._agreement import PAYLOAD_CAPACITY, Call, ValueRange, agree
-from ._buffers import results_like, returns_itself
+from ._buffers import device_tensor, results_like, returns_itself
 from ._calls import check_scale_factors, execute, flat, in_place_array, input_array
 from ._executor import Handle
 from ._group import Group
@@ -206,7 +206,8 @@ class _Plan:
 
     def __init__(self, array: np.ndarray, op: Any, name: str | None, prescale_factor: float,
                  postscale_factor: float, process_set: ProcessSet | None,
-                 algorithm: str | None, compression: Any, collective: str):
+                 algorithm: str | None, compression: Any, collective: str,
+                 memory: str | None = None):
         self.op = resolve_op(op, collective, name)
         check_reduction(array, self.op, name, prescale_factor, postscale_factor, collective)
         compression = check_compression(compression, collective, name)
@@ -222,25 +223,27 @@ class _Plan:
                          dtype=array.dtype, shape=array.shape, algorithm=self.algorithm,
                          segment_bytes=None if self.algorithm == "native"
                          else self.settings.segment_bytes, compression=compression.name,
-                         **layout_field(self.layout, self.algorithm))
+                         **layout_field(self.layout, self.algorithm),
+                         **({"memory": memory} if memory else {}))
         self.finish = finisher(self.group.size if self.op is ReduceOp.Average else 1,
                                postscale_factor)
         self.combine = reducer(self.op.value, wire_dtype,
                                self.compressor.encoding if self.compressor else None)
-        self.wire = np.empty(array.size, wire_dtype) if self.compressor else None
+        self.wire = np.empty(array.size, wire_dtype) if self.compressor and not memory \
+            else None
 
 
 _plans: dict[tuple, _Plan] = {}
 _PLANS_KEPT = 1024
 
 
-def _plan(array: np.ndarray, op: Any, name: str | None, prescale_factor: float,
+def _plan(array: Any, op: Any, name: str | None, prescale_factor: float,
           postscale_factor: float, process_set: ProcessSet | None, algorithm: str | None,
-          compression: Any, collective: str) -> _Plan:
+          compression: Any, collective: str, memory: str | None = None) -> _Plan:
     """The cached plan for this kind of call, rebuilt when settings or the world changed."""
     try:
         key = (collective, array.shape, array.dtype, op, name, prescale_factor,
-               postscale_factor, process_set, algorithm, id(compression))
+               postscale_factor, process_set, algorithm, id(compression), memory)
         plan = _plans.get(key)
     except TypeError:  # an unhashable argument: validation will say what is wrong
         key, plan = None, None
@@ -248,7 +251,7 @@ def _plan(array: np.ndarray, op: Any, name: str | None, prescale_factor: float,
             plan.group is resolve_group(process_set, collective, name):
         return plan
     plan = _Plan(array, op, name, prescale_factor, postscale_factor, process_set, algorithm,
-                 compression, collective)
+                 compression, collective, memory)
     if key is not None:
         if len(_plans) >= _PLANS_KEPT:
             _plans.clear()
@@ -260,6 +263,11 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
              postscale_factor: float, process_set: ProcessSet | None, algorithm: str | None,
              compression: Any, in_place: bool) -> Callable[[], np.ndarray]:
     collective = "allreduce_" if in_place else "allreduce"
+    on_device = device_tensor(tensor, collective, name, in_place)
+    if on_device is not None:
+        return _device_calls.allreduce(on_device, op, name, prescale_factor,
+                                       postscale_factor, process_set, algorithm, compression,
+                                       in_place)
     array = (in_place_array if in_place else input_array)(tensor, collective, name)
     plan = _plan(array, op, name, prescale_factor, postscale_factor, process_set, algorithm,
                  compression, collective)
@@ -282,16 +290,19 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
     return run
 
 
-def allreduce_plan(array: np.ndarray, op: Any, name: str | None, prescale_factor: float,
+def allreduce_plan(array: Any, op: Any, name: str | None, prescale_factor: float,
                    postscale_factor: float, process_set: ProcessSet | None,
-                   algorithm: str | None, compression: Any, collective: str) -> _Plan:
+                   algorithm: str | None, compression: Any, collective: str,
+                   memory: str | None = None) -> _Plan:
     """Validate an allreduce of arrays like ``array`` once; run it with :func:`reduce_planned`.
 
     For callers that reduce the same buffers again and again (the trainer's fusion
-    buckets). Raises what :func:`allreduce` raises before any communication.
+    buckets). ``array`` needs ``shape``, ``dtype`` and ``size``; ``memory`` names where
+    device tensors' data travels (a field of the call's signature). Raises what
+    :func:`allreduce` raises before any communication.
     """
     return _plan(array, op, name, prescale_factor, postscale_factor, process_set, algorithm,
-                 compression, collective)
+                 compression, collective, memory)
 
 
 def reduce_planned(plan: _Plan, collective: str, name: str | None, source: np.ndarray,
@@ -457,6 +468,15 @@ def _prepare_grouped(tensors: Sequence[Any], op: Any, name: str | None,
                      process_set: ProcessSet | None, algorithm: str | None,
                      compression: Any, in_place: bool) -> Callable[[], list[np.ndarray]]:
     collective = "grouped_allreduce_" if in_place else "grouped_allreduce"
+    on_device = [device_tensor(t, collective, name, in_place) for t in tensors]
+    if any(t is not None for t in on_device):
+        if not all(on_device):
+            raise InvalidArgumentError(
+                f"{subject(collective, name)}: some tensors are in GPU memory and some in "
+                f"host memory; group them separately")
+        return _device_calls.grouped_allreduce(on_device, op, name, prescale_factor,
+                                               postscale_factor, process_set, algorithm,
+                                               compression, in_place)
     convert = in_place_array if in_place else input_array
     arrays = [convert(t, collective, name) for t in tensors]
     op = resolve_op(op, collective, name)

@@ -8,9 +8,9 @@ from typing import Any
 from mpi4py import MPI
 import numpy as np
 
-from . import _pairwise, _ring
+from . import _device_calls, _pairwise, _ring
 from ._agreement import Call, agree
-from ._buffers import results_like
+from ._buffers import device_tensor, results_like
 from ._calls import execute, flat, input_array
 from ._executor import Handle
 from ._ops import COPY_DTYPES, check_dtype
@@ -50,7 +50,9 @@ def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None
                    restore=results_like(tensor))
 
 
-def _splits(splits: Any, rows: int, size: int, name: str | None) -> np.ndarray:
+def check_splits(splits: Any, rows: int, size: int, name: str | None) -> np.ndarray:
+    """The rows this rank sends to each rank, as int64: ``splits`` checked, or, when it is
+    None, ``rows`` cut as evenly as possible."""
     if splits is None:
         return np.diff(np.array(_ring.chunk_bounds(rows, size), np.int64))
     values = np.asarray(splits)
@@ -67,6 +69,11 @@ def _splits(splits: Any, rows: int, size: int, name: str | None) -> np.ndarray:
 
 def _prepare(tensor: Any, splits: Any, name: str | None, process_set: ProcessSet | None,
              algorithm: str | None) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+    on_device = device_tensor(tensor, "alltoall", name)
+    if on_device is not None:
+        return _device_calls.alltoall(
+            on_device, splits, name, process_set, algorithm,
+            lambda array: _prepare(array, splits, name, process_set, algorithm))
     array = input_array(tensor, "alltoall", name)
     check_dtype(array.dtype, COPY_DTYPES, "alltoall", name)
     if array.ndim == 0:
@@ -74,7 +81,7 @@ def _prepare(tensor: Any, splits: Any, name: str | None, process_set: ProcessSet
             f"{subject('alltoall', name)}: needs at least one dimension, "
             f"got a 0-d array")
     group = resolve_group(process_set, "alltoall", name)
-    send_splits = _splits(splits, array.shape[0], group.size, name)
+    send_splits = check_splits(splits, array.shape[0], group.size, name)
     chosen = simple_algorithm("alltoall", algorithm, current_settings(), name)
     call = Call(collective="alltoall", name=name, dtype=array.dtype, algorithm=chosen,
                 **{"shape[1:]": array.shape[1:]})

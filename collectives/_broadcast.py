@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _broadcast_algorithms, _hierarchical
+from . import _broadcast_algorithms, _device_calls, _hierarchical
 from ._agreement import Call, agree
-from ._buffers import results_like, returns_itself
+from ._buffers import device_tensor, results_like, returns_itself
 from ._calls import execute, flat, in_place_array, input_array
 from ._executor import Handle
 from ._group import Group
@@ -106,6 +106,11 @@ def broadcast_bytes(group: Group, data: np.ndarray, root: int, algorithm: str,
 def _prepare(tensor: Any, root_rank: Any, name: str | None, process_set: ProcessSet | None,
              algorithm: str | None, in_place: bool) -> Callable[[], np.ndarray]:
     collective = "broadcast_" if in_place else "broadcast"
+    on_device = device_tensor(tensor, collective, name, in_place)
+    if on_device is not None:
+        return _device_calls.broadcast(
+            on_device, root_rank, name, process_set, algorithm, in_place,
+            lambda array: _prepare(array, root_rank, name, process_set, algorithm, in_place))
     array = (in_place_array if in_place else input_array)(tensor, collective, name)
     check_dtype(array.dtype, COPY_DTYPES, collective, name)
     group = resolve_group(process_set, collective, name)

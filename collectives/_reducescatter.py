@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 
 from ..kernels import reducer
-from . import _ring
+from . import _device_calls, _ring
 from ._agreement import Call, agree
 from ._allreduce import check_reduction, finisher
-from ._buffers import results_like
+from ._buffers import device_tensor, results_like
 from ._calls import execute, flat, input_array
 from ._executor import Handle
 from ._native import MPI_OPS
@@ -59,6 +59,12 @@ def reducescatter_async(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
 def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
              postscale_factor: float, process_set: ProcessSet | None,
              algorithm: str | None) -> Callable[[], np.ndarray]:
+    on_device = device_tensor(tensor, "reducescatter", name)
+    if on_device is not None:
+        return _device_calls.reducescatter(
+            on_device, op, name, prescale_factor, postscale_factor, process_set, algorithm,
+            lambda array: _prepare(array, op, name, prescale_factor, postscale_factor,
+                                   process_set, algorithm))
     array = input_array(tensor, "reducescatter", name)
     op = resolve_op(op, "reducescatter", name)
     check_reduction(array, op, name, prescale_factor, postscale_factor, "reducescatter")

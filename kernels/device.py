@@ -22,6 +22,7 @@ threads, and the arrays are the simulator's.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 from collections.abc import Callable, Sequence
@@ -227,10 +228,18 @@ def _abs_max_kernel(values, largest, nonfinite):
 
 
 def is_device_array(array: Any) -> bool:
-    """True for arrays the GPU kernels take (device memory, or the simulator's arrays)."""
-    if SIMULATED:
-        return isinstance(getattr(array, "_ary", None), np.ndarray)
+    """True for arrays the GPU kernels take (device memory, or the simulator's arrays).
+
+    Under the simulator, objects with ``__cuda_array_interface__`` count too: their
+    memory is the simulated device's, which is host memory.
+    """
+    if SIMULATED and _is_simulator_array(array):
+        return True
     return hasattr(array, "__cuda_array_interface__")
+
+
+def _is_simulator_array(array: Any) -> bool:
+    return isinstance(getattr(array, "_ary", None), np.ndarray)
 
 
 def _interface(array: Any) -> dict:
@@ -240,20 +249,37 @@ def _interface(array: Any) -> dict:
 def _described(array: Any) -> Any:
     """Something with ``array``'s shape and numpy dtype, as its interface gives them (the
     array's own attributes may be missing, or not numpy's: torch's dtype, torch's size())."""
-    if SIMULATED or cuda.devicearray.is_cuda_ndarray(array):
+    if _is_simulator_array(array) if SIMULATED else cuda.devicearray.is_cuda_ndarray(array):
         return array
     face = _interface(array)
     return SimpleNamespace(shape=tuple(face["shape"]), dtype=np.dtype(face["typestr"]))
 
 
 def _address(array: Any) -> int:
-    if SIMULATED:
+    if SIMULATED and _is_simulator_array(array):
         return array._ary.ctypes.data
     return _interface(array)["data"][0]
 
 
+def address_of(array: Any) -> int:
+    """The device address of ``array``'s first element."""
+    return _address(array)
+
+
+def _simulated_view(array: Any) -> Any:
+    """A simulator array over the host memory that ``array``'s interface describes."""
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+    face = _interface(array)
+    dtype, shape = np.dtype(face["typestr"]), tuple(face["shape"])
+    count = math.prod(shape)
+    if count == 0:
+        return FakeCUDAArray(np.empty(shape, dtype))
+    raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(face["data"][0])
+    return FakeCUDAArray(np.frombuffer(raw, dtype, count).reshape(shape))
+
+
 def _check_contiguous(array: Any) -> None:
-    if SIMULATED:
+    if SIMULATED and _is_simulator_array(array):
         contiguous = array._ary.flags.c_contiguous
     else:
         face = _interface(array)
@@ -274,9 +300,11 @@ def _c_strides(shape: Sequence[int], typestr: str) -> tuple[int, ...]:
 def _array(array: Any) -> Any:
     """``array`` as a 1-D numba device array over the same memory (no copy, no sync)."""
     _check_contiguous(array)
-    if not SIMULATED and not cuda.is_cuda_array(array):
+    if SIMULATED:
+        kernel_array = array if _is_simulator_array(array) else _simulated_view(array)
+    elif not cuda.is_cuda_array(array):
         raise ValueError(f"not a device array: {type(array).__name__}")
-    if SIMULATED or cuda.devicearray.is_cuda_ndarray(array):
+    elif cuda.devicearray.is_cuda_ndarray(array):
         kernel_array = array
     else:
         kernel_array = cuda.as_cuda_array(array, sync=False)
@@ -520,3 +548,71 @@ def dtype_of(array: Any) -> np.dtype:
     """``array``'s numpy dtype, as its ``__cuda_array_interface__`` gives it (torch's own
     dtype is not numpy's)."""
     return _described(array).dtype
+
+
+def byte_view(array: Any) -> Any:
+    """``array`` as a 1-D device array of bytes over the same memory (no copy)."""
+    flat = _array(array)
+    return flat if flat.dtype == np.uint8 else flat.view(np.uint8)
+
+
+def empty(shape: Sequence[int], dtype: Any) -> Any:
+    """A new uninitialised device array on the current device."""
+    return cuda.device_array(tuple(shape), np.dtype(dtype))
+
+
+def pinned_bytes(nbytes: int) -> np.ndarray:
+    """A page-locked host buffer of ``nbytes`` bytes: the GPU copies to and from it by DMA,
+    asynchronously and at full link speed."""
+    return cuda.pinned_array(nbytes, np.uint8)
+
+
+def wait_for_producer(array: Any) -> None:
+    """Wait until the work that produced ``array`` is done: the stream its interface names,
+    or, when it names none, everything queued on the device."""
+    if SIMULATED:
+        return
+    if cuda.devicearray.is_cuda_ndarray(array):
+        (array.stream or cuda.default_stream()).synchronize()
+    elif _interface(array).get("stream") is None:
+        cuda.synchronize()
+    else:
+        _stream(array).synchronize()
+
+
+def current_device() -> int:
+    """The ordinal of the calling thread's current device."""
+    return 0 if SIMULATED else cuda.get_current_device().id
+
+
+def on_device(ordinal: int) -> Any:
+    """A context manager making device ``ordinal`` current on the calling thread."""
+    return contextlib.nullcontext() if SIMULATED else cuda.gpus[ordinal]
+
+
+class CopyEngine:
+    """Asynchronous copies between device memory and pinned host memory, one stream per
+    direction, so that both directions and the host's work overlap.
+
+    Copies in one direction run in the order they were queued. Make one per device.
+    """
+
+    def __init__(self) -> None:
+        self._down = cuda.stream()
+        self._up = cuda.stream()
+
+    def to_host(self, device_bytes: Any, host_bytes: np.ndarray) -> Any:
+        """Queue a device-to-host copy; returns an event to ``synchronize()`` on."""
+        device_bytes.copy_to_host(host_bytes, stream=self._down)
+        done = cuda.event()
+        done.record(self._down)
+        return done
+
+    def to_device(self, host_bytes: np.ndarray, device_bytes: Any) -> None:
+        """Queue a host-to-device copy (the host buffer must stay until :meth:`finish`)."""
+        device_bytes.copy_to_device(host_bytes, stream=self._up)
+
+    def finish(self) -> None:
+        """Wait for every queued copy."""
+        self._down.synchronize()
+        self._up.synchronize()

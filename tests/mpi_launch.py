@@ -173,3 +173,16 @@ def run_mpi(program: str, nprocs: int, *args: str, timeout: float = DEFAULT_TIME
                     f"----- failures -----\n{summary}\n"
                     f"----- output (stdout and stderr) -----\n{_shown(text)}", pytrace=False)
     return text
+
+
+def require_gpu() -> None:
+    """Skip the calling test when no CUDA GPU is found, unless ``RINGTRAIN_TEST_GPU=1``
+    says one must be there: then the test runs, and fails without one."""
+    if os.environ.get("RINGTRAIN_TEST_GPU") == "1":
+        return
+    probe = "from numba import cuda; print(cuda.is_available())"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            env={k: v for k, v in os.environ.items()
+                                 if k != "NUMBA_ENABLE_CUDASIM"})
+    if result.stdout.strip() != "True":
+        pytest.skip("no CUDA GPU (RINGTRAIN_TEST_GPU=1 makes this a failure)")

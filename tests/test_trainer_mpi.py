@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from mpi_launch import run_mpi
+from mpi_launch import require_gpu, run_mpi
 
 PROGRAMS = ["trainer_gold", "trainer_behaviour"]
 NPROCS = [1, 2, 3, 4]
@@ -30,18 +27,9 @@ def test_device_gradients_on_the_cuda_simulator(nprocs):
     assert re.search(rf"trainer_device\.py np={nprocs}: all 5 checks passed", output), output
 
 
-def _gpu_found() -> bool:
-    probe = "from numba import cuda; print(cuda.is_available())"
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                            env={k: v for k, v in os.environ.items()
-                                 if k != "NUMBA_ENABLE_CUDASIM"})
-    return result.stdout.strip() == "True"
-
-
 def test_device_gradients_on_a_gpu():
     """Two ranks sharing the GPU; skips without one unless RINGTRAIN_TEST_GPU=1 demands it."""
-    if os.environ.get("RINGTRAIN_TEST_GPU") != "1" and not _gpu_found():
-        pytest.skip("no CUDA GPU (RINGTRAIN_TEST_GPU=1 makes this a failure)")
+    require_gpu()
     environment = {"NUMBA_ENABLE_CUDASIM": "0"}
     output = run_mpi("trainer_device", 2, timeout=300, env=environment)
     summary = re.search(r"trainer_device\.py np=2: all (\d+) checks passed", output)

@@ -1,0 +1,365 @@
+"""Every collective with device tensors, checked against numpy and against the same call on
+host arrays, in the mode that RINGTRAIN_CUDA_AWARE_MPI forces (0: through pinned host
+memory, 1: device pointers straight to MPI).
+
+Without a GPU it runs under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) on two kinds
+of device array: objects exposing ``__cuda_array_interface__`` over host memory (whose
+results come back as numba device arrays) and the simulator's own arrays. On a GPU it
+runs on CuPy arrays, torch CUDA tensors and numba device arrays, whichever are installed.
+
+Run: NUMBA_ENABLE_CUDASIM=1 RINGTRAIN_CUDA_AWARE_MPI=0 mpiexec -n K \
+         python tests/mpi/device_collectives.py [--only SUBSTRING]
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+import ringtrain as rt
+from ringtrain.collectives import Compression
+from ringtrain.collectives.timeline import rank_path
+from ringtrain.kernels.device import SIMULATED
+from _harness import (COPY_DTYPES, REDUCE_DTYPES, Digests, all_inputs, assert_equal_arrays,
+                      assert_reduced, check, configured, expect_raises, main, make_input,
+                      reduce_reference, rng)
+
+AWARE = os.environ.get("RINGTRAIN_CUDA_AWARE_MPI") == "1"
+SHAPES = [(), (0,), (13,), (3, 5)]
+FEW_DTYPES = [np.dtype(np.float32), np.dtype(np.int64)]
+
+
+class HostBackedDeviceArray:
+    """An array that says it lives in device memory (``__cuda_array_interface__``) while
+    its memory is host memory: under the simulator, device memory is host memory."""
+
+    def __init__(self, values: np.ndarray, strides: tuple[int, ...] | None = None):
+        self.host = values
+        self.strides = strides
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {"version": 3, "data": (self.host.ctypes.data, False),
+                "shape": self.host.shape if self.strides is None else (self.host.shape[0] // 2,),
+                "typestr": self.host.dtype.str, "strides": self.strides, "stream": None}
+
+
+def _kinds() -> dict[str, tuple[Callable[[np.ndarray], Any], Callable[[Any], np.ndarray], type]]:
+    """Each kind of device array: (from host, to host, the type results come back as)."""
+    if SIMULATED:
+        simulated = type(cuda.to_device(np.zeros(1)))
+        return {"interface": (lambda a: HostBackedDeviceArray(a.copy()),
+                              lambda d: d.host.copy() if isinstance(d, HostBackedDeviceArray)
+                              else d.copy_to_host(), simulated),
+                "numba": (cuda.to_device, lambda d: d.copy_to_host(), simulated)}
+    kinds = {"numba": (cuda.to_device, lambda d: d.copy_to_host(),
+                       type(cuda.to_device(np.zeros(1))))}
+    try:
+        import cupy
+        kinds["cupy"] = (cupy.asarray, cupy.asnumpy, cupy.ndarray)
+    except ImportError:
+        pass
+    try:
+        import torch
+        if torch.cuda.is_available():
+            kinds["torch"] = (lambda a: torch.from_numpy(a.copy()).cuda(),
+                              lambda t: t.cpu().numpy(), torch.Tensor)
+    except ImportError:
+        pass
+    return kinds
+
+
+KINDS = _kinds()
+
+
+def each_kind() -> list[tuple[str, Callable, Callable, type]]:
+    return [(kind, *functions) for kind, functions in KINDS.items()]
+
+
+def assert_kind(result: Any, result_type: type, what: str) -> None:
+    assert isinstance(result, result_type), \
+        f"{what}: got a {type(result).__name__}, expected a {result_type.__name__}"
+
+
+def ops_for(dtype: np.dtype) -> list[rt.ReduceOp]:
+    if dtype.kind != "f":
+        return [rt.Sum, rt.Min, rt.Max, rt.Product]
+    return [rt.Sum, rt.Average, rt.Min, rt.Max, rt.Product]
+
+
+@check
+def allreduce_every_dtype_and_op():
+    ranks, me = range(rt.size()), rt.rank()
+    digests = Digests()
+    for number, (kind, down, up, result_type) in enumerate(each_kind()):
+        # every dtype on the first kind of array; the others share its code past the adapter
+        for dtype in REDUCE_DTYPES if number == 0 else FEW_DTYPES:
+            for op in ops_for(dtype):
+                for shape in SHAPES + [(37 * rt.size() + 1,)]:
+                    key = ("device allreduce", kind)
+                    mine = make_input(me, shape, dtype, op, *key)
+                    expected = reduce_reference(all_inputs(ranks, shape, dtype, op, *key), op)
+                    what = f"{kind} {dtype} {op.name} {shape}"
+                    result = rt.allreduce(down(mine), op=op, name="t")
+                    assert_kind(result, result_type, what)
+                    assert_reduced(up(result), expected, dtype, what)
+                    digests.add(what, up(result))
+                    tensor = down(mine)
+                    assert rt.allreduce_(tensor, op=op, name="t") is tensor, what
+                    assert_reduced(up(tensor), expected, dtype, what + " in place")
+                    handle = rt.allreduce_async(down(mine), op=op, name="t")
+                    assert_reduced(up(rt.synchronize(handle)), expected, dtype, what + " async")
+    digests.verify()
+
+
+@check
+def allreduce_matches_host_arrays():
+    """Through host memory the device result has the host result's bits; with device
+    pointers MPI reduces, and only the values are compared."""
+    me = rt.rank()
+    for kind, down, up, _ in each_kind():
+        for dtype in (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32)):
+            for algorithm in ("auto", "ring", "recursive_doubling"):
+                for prescale, postscale in ((1.0, 1.0), (0.5, 3.0)):
+                    if dtype.kind != "f" and (prescale, postscale) != (1.0, 1.0):
+                        continue
+                    op = rt.Average if dtype.kind == "f" else rt.Sum
+                    mine = make_input(me, (101,), dtype, op, "versus host", kind)
+                    options = dict(op=op, name="v", algorithm=algorithm,
+                                   prescale_factor=prescale, postscale_factor=postscale)
+                    host = rt.allreduce(mine, **options)
+                    device = up(rt.allreduce(down(mine), **options))
+                    what = f"{kind} {dtype} {algorithm} scales {prescale}/{postscale}"
+                    if AWARE and algorithm == "auto" and dtype.kind == "f":
+                        assert np.allclose(device, host, rtol=1e-6, atol=1e-12), what
+                    else:
+                        assert_equal_arrays(device, host, what)
+
+
+@check
+def allreduce_long_enough_to_pipeline():
+    """More bytes than one segment of the copy pipeline (segments are shrunk here): each
+    segment is reduced on its own, so the bits may differ from one host call's."""
+    from ringtrain.collectives import _staging
+    ranks, me = range(rt.size()), rt.rank()
+    digests = Digests()
+    saved = _staging.PIPELINE_BYTES
+    _staging.PIPELINE_BYTES = 4096
+    try:
+        for kind, down, up, _ in each_kind():
+            for shape in ((5000,), (4096 // 4 * 3,)):
+                for compression in (Compression.none, Compression.fp16):
+                    mine = make_input(me, shape, np.float32, rt.Sum, "pipelined")
+                    expected = reduce_reference(
+                        all_inputs(ranks, shape, np.float32, rt.Sum, "pipelined"), rt.Sum)
+                    result = up(rt.allreduce(down(mine), op=rt.Sum, algorithm="ring",
+                                             compression=compression))
+                    what = f"{kind} {shape} {compression.name}"
+                    digests.add(what, result)
+                    if compression is Compression.none:
+                        assert_reduced(result, expected, np.dtype(np.float32), what)
+                    else:
+                        assert np.allclose(result, expected, rtol=1e-2, atol=1e-2), what
+    finally:
+        _staging.PIPELINE_BYTES = saved
+    digests.verify()
+
+
+@check
+def compression_casts_on_the_device():
+    me = rt.rank()
+    for kind, down, up, _ in each_kind():
+        for compression in (Compression.fp16, Compression.bf16):
+            for op in (rt.Average, rt.Max):
+                for algorithm in ("ring", "auto"):
+                    mine = rng(me, "compressed", kind).standard_normal(77).astype(np.float32)
+                    options = dict(op=op, algorithm=algorithm, compression=compression,
+                                   prescale_factor=2.0, postscale_factor=0.25)
+                    what = f"{kind} {compression.name} {op.name} {algorithm}"
+                    expected = rt.allreduce(mine, **options)
+                    result = up(rt.allreduce(down(mine), **options))
+                    if algorithm == "ring":
+                        assert_equal_arrays(result, expected, what)
+                    else:
+                        assert np.allclose(result, expected, rtol=1e-2, atol=1e-2), what
+                    tensor = down(mine)
+                    rt.allreduce_(tensor, **options)
+                    assert np.allclose(up(tensor), expected, rtol=1e-2, atol=1e-2), what
+
+
+@check
+def grouped_allreduce_fuses_on_the_device():
+    ranks, me = range(rt.size()), rt.rank()
+    shapes = [(3, 4), (5,), (), (0,), (7,)]
+    dtypes = [np.float32, np.float64, np.float32, np.int32, np.float32]
+    for kind, down, up, result_type in each_kind():
+        for compression in (Compression.none, Compression.fp16):
+            mine = [make_input(me, s, d, rt.Sum, "grouped", i)
+                    for i, (s, d) in enumerate(zip(shapes, dtypes))]
+            expected = [reduce_reference(all_inputs(ranks, s, d, rt.Sum, "grouped", i), rt.Sum)
+                        for i, (s, d) in enumerate(zip(shapes, dtypes))]
+            what = f"{kind} grouped {compression.name}"
+            results = rt.grouped_allreduce([down(x) for x in mine], op=rt.Sum,
+                                           compression=compression)
+            tensors = [down(x) for x in mine]
+            returned = rt.grouped_allreduce_(tensors, op=rt.Sum, compression=compression)
+            assert all(a is b for a, b in zip(returned, tensors)), what
+            for index, (result, tensor, reference) in enumerate(zip(results, tensors,
+                                                                    expected)):
+                assert_kind(result, result_type, what)
+                dtype = np.dtype(dtypes[index])
+                if compression is Compression.fp16 and dtype == np.float32:
+                    assert np.allclose(up(result), reference, rtol=1e-2, atol=1e-2), what
+                    assert np.allclose(up(tensor), reference, rtol=1e-2, atol=1e-2), what
+                else:
+                    assert_reduced(up(result), reference, dtype, f"{what} #{index}")
+                    assert_reduced(up(tensor), reference, dtype, f"{what} #{index} in place")
+            average = rt.grouped_allreduce([down(x) for x in mine[:2]], op=rt.Average,
+                                           postscale_factor=2.0)
+            for result, reference, dtype in zip(average, expected, dtypes):
+                assert_reduced(up(result), reference / rt.size() * 2.0, np.dtype(dtype),
+                               what + " Average")
+
+
+@check
+def broadcast_from_every_root():
+    me = rt.rank()
+    for number, (kind, down, up, result_type) in enumerate(each_kind()):
+        for dtype in COPY_DTYPES if number == 0 else FEW_DTYPES:
+            for shape in ((), (0,), (11,), (2, 3)):
+                for root in range(rt.size()):
+                    data = make_input(root, shape, dtype, None, "device broadcast", kind)
+                    mine = make_input(me, shape, dtype, None, "device broadcast", kind)
+                    what = f"{kind} {dtype} {shape} root {root}"
+                    result = rt.broadcast(down(mine), root_rank=root)
+                    assert_kind(result, result_type, what)
+                    assert_equal_arrays(up(result), data, what)
+                    tensor = down(mine)
+                    assert rt.broadcast_(tensor, root_rank=root) is tensor, what
+                    assert_equal_arrays(up(tensor), data, what + " in place")
+
+
+@check
+def allgather_uneven_rows():
+    k, me = rt.size(), rt.rank()
+    for kind, down, up, result_type in each_kind():
+        for dtype in COPY_DTYPES:
+            for row in ((), (3,)):
+                parts = [make_input(r, (r % 3, *row), dtype, None, "gather", kind)
+                         for r in range(k)]
+                result = rt.allgather(down(parts[me]))
+                what = f"{kind} {dtype} rows of {row}"
+                assert_kind(result, result_type, what)
+                assert_equal_arrays(up(result), np.concatenate(parts), what)
+        scalar = rt.allgather(down(np.array(me + 0.5)))
+        assert_equal_arrays(up(scalar), np.arange(k) + 0.5, f"{kind} 0-d")
+
+
+@check
+def alltoall_uneven_splits():
+    k, me = rt.size(), rt.rank()
+    for kind, down, up, result_type in each_kind():
+        for dtype in (np.dtype(np.float32), np.dtype(np.int64), np.dtype(np.bool_)):
+            splits = [(me + r) % 3 for r in range(k)]
+            data = make_input(me, (sum(splits), 2), dtype, None, "alltoall", kind)
+            result, received = rt.alltoall(down(data), splits=splits)
+            what = f"{kind} {dtype}"
+            assert_kind(result, result_type, what)
+            pieces = []
+            for sender in range(k):
+                theirs = [(sender + r) % 3 for r in range(k)]
+                rows = make_input(sender, (sum(theirs), 2), dtype, None, "alltoall", kind)
+                start = sum(theirs[:me])
+                pieces.append(rows[start:start + theirs[me]])
+            assert_equal_arrays(up(result), np.concatenate(pieces), what)
+            assert list(np.asarray(received)) == [(r + me) % 3 for r in range(k)], what
+
+
+@check
+def reducescatter_uneven_rows():
+    ranks, k, me = range(rt.size()), rt.size(), rt.rank()
+    for kind, down, up, result_type in each_kind():
+        for dtype in (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32)):
+            for op in (rt.Sum, rt.Max) if dtype.kind != "f" else (rt.Average, rt.Min):
+                shape = (2 * k + 1, 3)
+                mine = make_input(me, shape, dtype, op, "reducescatter", kind)
+                full = reduce_reference(all_inputs(ranks, shape, dtype, op, "reducescatter",
+                                                   kind), op)
+                base, extra = divmod(shape[0], k)
+                bounds = np.cumsum([0] + [base + (r < extra) for r in range(k)])
+                result = rt.reducescatter(down(mine), op=op)
+                what = f"{kind} {dtype} {op.name}"
+                assert_kind(result, result_type, what)
+                assert_reduced(up(result), full[bounds[me]:bounds[me + 1]], dtype, what)
+
+
+@check
+def the_path_taken():
+    """Staged calls copy through host memory; CUDA-aware ones hand MPI device memory."""
+    path = os.path.join(tempfile.gettempdir(), f"ringtrain-device-path-{os.getpid()}.json")
+    written = rank_path(path, rt.rank(), rt.size())
+    kind, (down, up, _) = next(iter(KINDS.items()))
+    rt.start_timeline(path)
+    try:
+        rt.allreduce(down(np.ones(64, np.float32)), op=rt.Sum, name="path")
+        rt.broadcast(down(np.ones(8, np.int32)), root_rank=0, name="path")
+    finally:
+        rt.stop_timeline()
+    with open(written) as file:
+        text = file.read()
+    os.remove(written)
+    copies = "copy to host" in text
+    assert copies == (not AWARE), \
+        f"{kind}: copies through host memory {'seen' if copies else 'missing'} with " \
+        f"RINGTRAIN_CUDA_AWARE_MPI={int(AWARE)}"
+    if AWARE and rt.size() > 1:
+        assert "MPI allreduce" in text and "MPI broadcast" in text, text[:2000]
+
+
+@check
+def bad_device_input_is_refused():
+    for kind, down, up, _ in each_kind():
+        if rt.size() > 1:
+            mismatched = (5,) if rt.rank() == 0 else (6,)
+            expect_raises(rt.MismatchError, rt.allreduce,
+                          down(np.ones(mismatched, np.float32)), name="weights",
+                          match=["'weights'", "shape"])
+        expect_raises(rt.UnsupportedDtypeError, rt.allreduce,
+                      down(np.ones(3, np.complex64)), name="z", match=["'z'", "complex64"])
+        expect_raises(rt.InvalidArgumentError, rt.grouped_allreduce,
+                      [down(np.ones(2, np.float32)), np.ones(2, np.float32)], name="mixed",
+                      match=["'mixed'", "host memory"])
+    if SIMULATED:
+        strided = HostBackedDeviceArray(np.ones(8, np.float32), strides=(8,))
+        expect_raises(rt.InvalidArgumentError, rt.allreduce, strided, name="strided",
+                      match=["'strided'", "contiguous"])
+    if rt.size() > 1:
+        kind, (down, up, _) = next(iter(KINDS.items()))
+        tensor = down(np.ones(4, np.float32)) if rt.rank() == 0 else np.ones(4, np.float32)
+        expect_raises(rt.MismatchError, rt.allreduce, tensor, name="where",
+                      match=["'where'", "memory"])
+
+
+@check
+def ops_in_flight_keep_their_order():
+    """Several asynchronous calls on device tensors, synchronized in reverse."""
+    ranks, me = range(rt.size()), rt.rank()
+    for kind, down, up, _ in each_kind():
+        with configured(allreduce_algorithm="ring"):
+            inputs = [make_input(me, (9 + i,), np.float32, rt.Sum, "async", i) for i in range(4)]
+            handles = [rt.allreduce_async(down(x), op=rt.Sum, name=f"a{i}")
+                       for i, x in enumerate(inputs)]
+            for i in reversed(range(4)):
+                expected = reduce_reference(all_inputs(ranks, (9 + i,), np.float32, rt.Sum,
+                                                       "async", i), rt.Sum)
+                assert_reduced(up(rt.synchronize(handles[i])), expected,
+                               np.dtype(np.float32), f"{kind} async {i}")
+
+
+if __name__ == "__main__":
+    main()
