@@ -14,6 +14,7 @@ from ._group import Group
 from ._stall import StallInspector, stall_settings
 from .cuda_aware import CudaAwareness, cuda_awareness, query_mpi_library
 from .errors import NotInitializedError, set_rank
+from .gpu_choice import GPU_CHOICE_VARIABLE, GpuChoice, choose_gpu
 from .logs import LOGGER, configure_logging
 from .timeline import TIMELINE_VARIABLE, start_timeline, stop_timeline
 
@@ -31,6 +32,8 @@ class World:
         process_set_groups: the communicators built for process sets, freed at shutdown.
         node_keys: for each rank, the lowest rank on its node (names the node).
         cuda_aware: whether MPI takes device pointers (see :mod:`.cuda_aware`).
+        gpu: the device this rank uses, made current at init by local rank unless the
+            user already chose one (see :mod:`.gpu_choice`).
     """
 
     group: Group
@@ -42,6 +45,7 @@ class World:
     stall_inspector: StallInspector | None = None
     node_keys: tuple[int, ...] = ()
     cuda_aware: CudaAwareness = CudaAwareness(False, "not asked")
+    gpu: GpuChoice = GpuChoice(None, "not asked")
 
 
 _world: World | None = None
@@ -80,6 +84,12 @@ def init(comm: MPI.Comm | None = None) -> None:
     ACTIVITY.reset()
     _world.stall_inspector = _start_stall_inspector(own)
     _world.cuda_aware = _cuda_awareness()
+    try:
+        _world.gpu = choose_gpu(local_comm.Get_rank())
+    except ValueError as error:
+        LOGGER.warning("%s; choosing by local rank", error)
+        _world.gpu = choose_gpu(local_comm.Get_rank(), {GPU_CHOICE_VARIABLE: "1"})
+    LOGGER.info("GPU: %s", _world.gpu)
     # Ranks on one node share its cores: parallel host kernels take their share only.
     set_host_threads(max(1, _usable_cores() // local_comm.Get_size()))
 

@@ -1,5 +1,7 @@
 """Deciding whether MPI takes device pointers: the override, and the MPI library's answer."""
 
+import ctypes
+import re
 import subprocess
 import sys
 
@@ -7,6 +9,7 @@ import pytest
 
 from mpi_launch import run_mpi
 from ringtrain.collectives.cuda_aware import CUDA_AWARE_VARIABLE, CudaAwareness, cuda_awareness
+from ringtrain.collectives.gpu_choice import GPU_CHOICE_VARIABLE, LIBCUDA
 
 
 @pytest.mark.parametrize("value, aware", [("1", True), ("yes", True), ("TRUE", True),
@@ -48,10 +51,26 @@ def test_init_decides_once_and_logs_it(override, expected):
     env = {"RINGTRAIN_LOG_LEVEL": "INFO"}
     if override is not None:
         env[CUDA_AWARE_VARIABLE] = override
+        env[GPU_CHOICE_VARIABLE] = override
     output = run_mpi("cuda_aware_init", 2, env=env, timeout=60)
     for rank in (0, 1):  # the ranks' lines may interleave: count, do not split
         assert output.count(f"r{rank} | INFO | CUDA-aware MPI: ") == 1, output
         assert output.count(f"r{rank} | INFO | CUDA-aware MPI: {expected}") == 1, output
         assert f"rank {rank} decided {expected}" in output, output
+        # The GPU is chosen at the same time, and logged once too.
+        assert output.count(f"r{rank} | INFO | GPU: ") == 1, output
+        gpu = re.search(rf"r{rank} \| INFO \| GPU: (.*)", output).group(1)
+        assert f"rank {rank} uses GPU {gpu}" in output, output
+        if not _has_cuda_driver():
+            assert gpu == "none (no CUDA driver)", output
     if override == "maybe":
         assert "RINGTRAIN_CUDA_AWARE_MPI='maybe'" in output, output
+        assert "RINGTRAIN_GPU_BY_LOCAL_RANK='maybe'" in output, output
+
+
+def _has_cuda_driver():
+    try:
+        ctypes.CDLL(LIBCUDA)
+    except OSError:
+        return False
+    return True
