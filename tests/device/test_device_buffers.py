@@ -1,0 +1,120 @@
+"""The buffer adapter and the staging helpers on device arrays (no MPI ranks needed).
+
+Under the simulator the device arrays are the simulator's and objects exposing
+``__cuda_array_interface__`` over host memory; on a GPU, numba device arrays, and torch
+CUDA tensors and CuPy arrays when those libraries are installed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ringtrain.collectives import InvalidArgumentError, UnsupportedDtypeError
+from ringtrain.collectives._buffers import device_tensor
+from ringtrain.collectives._device_calls import MPIMemory
+from ringtrain.collectives._staging import PinnedPool, host_array, to_device
+
+
+class HostBackedDeviceArray:
+    """``__cuda_array_interface__`` over host memory (device memory, under the simulator)."""
+
+    def __init__(self, values: np.ndarray, strides: tuple[int, ...] | None = None):
+        self.host = values
+        self.strides = strides
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {"version": 3, "data": (self.host.ctypes.data, False), "shape": self.host.shape,
+                "typestr": self.host.dtype.str, "strides": self.strides, "stream": None}
+
+
+def test_host_tensors_are_not_device_tensors():
+    assert device_tensor(np.zeros(3), "allreduce", "x") is None
+    torch = pytest.importorskip("torch")
+    assert device_tensor(torch.zeros(3), "allreduce", "x") is None
+
+
+def test_a_numba_array_is_described_and_results_are_numba_arrays(cuda):
+    values = np.arange(12, dtype=np.float32).reshape(3, 4)
+    array = cuda.to_device(values)
+    described = device_tensor(array, "allreduce", "w")
+    assert (described.kind, described.shape, described.dtype) == ("numba", (3, 4), np.float32)
+    assert (described.size, described.nbytes) == (12, 48)
+    assert described.owner is array
+    described.wait_for_producer()
+    new = described.new((5,), np.int16)
+    assert type(new) is type(array) and new.shape == (5,) and new.dtype == np.int16
+
+
+def test_interface_objects_over_host_memory(device_mode):
+    if device_mode != "simulator":
+        pytest.skip("host memory is device memory only under the simulator")
+    values = np.arange(6, dtype=np.int32)
+    described = device_tensor(HostBackedDeviceArray(values), "broadcast", "ids")
+    assert (described.kind, described.shape, described.dtype) == ("numba", (6,), np.int32)
+    back = to_device(described, values * 2)
+    assert np.array_equal(back.copy_to_host(), values * 2)
+
+
+def test_a_strided_interface_object_is_refused_by_name(device_mode):
+    if device_mode != "simulator":
+        pytest.skip("host memory is device memory only under the simulator")
+    strided = HostBackedDeviceArray(np.zeros(8, np.float32), strides=(8,))
+    strided.host = strided.host[:4]  # four elements 8 bytes apart (of the original eight)
+    with pytest.raises(InvalidArgumentError, match="'grads'.*contiguous"):
+        device_tensor(strided, "allreduce", "grads")
+
+
+def test_torch_cuda_tensors(device_mode):
+    torch = pytest.importorskip("torch")
+    if device_mode != "gpu" or not torch.cuda.is_available():
+        pytest.skip("needs torch with CUDA on a GPU")
+    tensor = torch.arange(12, dtype=torch.float32, device="cuda").reshape(3, 4)
+    described = device_tensor(tensor, "allreduce", "t")
+    assert (described.kind, described.shape, described.dtype) == ("torch", (3, 4), np.float32)
+    assert described.device == tensor.device.index
+    result = described.new((2,))
+    assert isinstance(result, torch.Tensor) and result.device == tensor.device
+    transposed = device_tensor(tensor.t(), "allreduce", "t")
+    assert transposed.memory.is_contiguous() and transposed.shape == (4, 3)
+    with pytest.raises(InvalidArgumentError, match="'t'.*contiguous"):
+        device_tensor(tensor.t(), "allreduce_", "t", in_place=True)
+    with pytest.raises(UnsupportedDtypeError, match="'b'.*bfloat16"):
+        device_tensor(tensor.to(torch.bfloat16), "allreduce", "b")
+
+
+def test_cupy_arrays(device_mode):
+    cupy = pytest.importorskip("cupy")
+    if device_mode != "gpu":
+        pytest.skip("needs a GPU")
+    array = cupy.arange(10, dtype=cupy.float64)[::2]
+    described = device_tensor(array, "allgather", "c")
+    assert (described.kind, described.shape, described.dtype) == ("cupy", (5,), np.float64)
+    assert described.memory.flags.c_contiguous
+    assert isinstance(described.new((3,)), cupy.ndarray)
+    with pytest.raises(InvalidArgumentError, match="'c'.*contiguous"):
+        device_tensor(array, "broadcast_", "c", in_place=True)
+
+
+def test_mpi_sees_device_memory_through_the_interface(cuda, device):
+    array = cuda.to_device(np.arange(10, dtype=np.float64))
+    face = MPIMemory(array).__cuda_array_interface__
+    assert face["data"] == (device.address_of(array), False)
+    assert (face["shape"], face["typestr"]) == ((10,), np.dtype(np.float64).str)
+    assert MPIMemory(array, np.uint8).__cuda_array_interface__["shape"] == (80,)
+
+
+def test_the_pinned_pool_reuses_buffers_by_size_class(device_mode):
+    pool = PinnedPool(per_class=1)
+    first = pool.take(5000)
+    assert first.nbytes == 8192 and first.dtype == np.uint8
+    pool.give(first)
+    assert pool.take(6000) is first
+    second, third = pool.take(8192), pool.take(100)
+    assert second is not first and third.nbytes == 4096
+    pool.give(first)
+    pool.give(second)  # one free buffer per class is kept: this one is dropped
+    assert pool.take(8000) is first and pool.take(8000) is not second
+    shaped = host_array(first, (2, 3), np.dtype(np.float32))
+    assert shaped.shape == (2, 3) and np.shares_memory(shaped, first)
