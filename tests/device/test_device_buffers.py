@@ -16,17 +16,25 @@ from ringtrain.collectives._device_calls import MPIMemory
 from ringtrain.collectives._staging import PinnedPool, host_array, to_device
 
 
-class HostBackedDeviceArray:
-    """``__cuda_array_interface__`` over host memory (device memory, under the simulator)."""
+ON_SIMULATOR = "needs a real GPU: the simulator has no"
 
-    def __init__(self, values: np.ndarray, strides: tuple[int, ...] | None = None):
-        self.host = values
-        self.strides = strides
 
-    @property
-    def __cuda_array_interface__(self) -> dict:
-        return {"version": 3, "data": (self.host.ctypes.data, False), "shape": self.host.shape,
-                "typestr": self.host.dtype.str, "strides": self.strides, "stream": None}
+class InterfaceObject:
+    """A bare ``__cuda_array_interface__`` over ``values`` copied to the device: over host
+    memory under the simulator (where that is device memory), else over a numba array's."""
+
+    def __init__(self, values: np.ndarray, device_mode: str, strides=None):
+        if device_mode == "simulator":
+            self.keep = values
+            address = values.ctypes.data
+        else:
+            from numba import cuda
+            self.keep = cuda.to_device(values)
+            address = self.keep.__cuda_array_interface__["data"][0]
+        shape = values.shape if strides is None else (values.shape[0] // 2,)
+        self.__cuda_array_interface__ = {
+            "version": 3, "data": (address, False), "shape": shape,
+            "typestr": values.dtype.str, "strides": strides, "stream": None}
 
 
 def test_host_tensors_are_not_device_tensors():
@@ -47,29 +55,24 @@ def test_a_numba_array_is_described_and_results_are_numba_arrays(cuda):
     assert type(new) is type(array) and new.shape == (5,) and new.dtype == np.int16
 
 
-def test_interface_objects_over_host_memory(device_mode):
-    if device_mode != "simulator":
-        pytest.skip("host memory is device memory only under the simulator")
+def test_bare_interface_objects_come_back_as_numba_arrays(device_mode):
     values = np.arange(6, dtype=np.int32)
-    described = device_tensor(HostBackedDeviceArray(values), "broadcast", "ids")
+    described = device_tensor(InterfaceObject(values, device_mode), "broadcast", "ids")
     assert (described.kind, described.shape, described.dtype) == ("numba", (6,), np.int32)
     back = to_device(described, values * 2)
     assert np.array_equal(back.copy_to_host(), values * 2)
 
 
 def test_a_strided_interface_object_is_refused_by_name(device_mode):
-    if device_mode != "simulator":
-        pytest.skip("host memory is device memory only under the simulator")
-    strided = HostBackedDeviceArray(np.zeros(8, np.float32), strides=(8,))
-    strided.host = strided.host[:4]  # four elements 8 bytes apart (of the original eight)
+    strided = InterfaceObject(np.zeros(8, np.float32), device_mode, strides=(8,))
     with pytest.raises(InvalidArgumentError, match="'grads'.*contiguous"):
         device_tensor(strided, "allreduce", "grads")
 
 
 def test_torch_cuda_tensors(device_mode):
+    if device_mode != "gpu":
+        pytest.skip(f"{ON_SIMULATOR} torch CUDA tensors")
     torch = pytest.importorskip("torch")
-    if device_mode != "gpu" or not torch.cuda.is_available():
-        pytest.skip("needs torch with CUDA on a GPU")
     tensor = torch.arange(12, dtype=torch.float32, device="cuda").reshape(3, 4)
     described = device_tensor(tensor, "allreduce", "t")
     assert (described.kind, described.shape, described.dtype) == ("torch", (3, 4), np.float32)
@@ -85,9 +88,9 @@ def test_torch_cuda_tensors(device_mode):
 
 
 def test_cupy_arrays(device_mode):
-    cupy = pytest.importorskip("cupy")
     if device_mode != "gpu":
-        pytest.skip("needs a GPU")
+        pytest.skip(f"{ON_SIMULATOR} CuPy arrays")
+    cupy = pytest.importorskip("cupy")
     array = cupy.arange(10, dtype=cupy.float64)[::2]
     described = device_tensor(array, "allgather", "c")
     assert (described.kind, described.shape, described.dtype) == ("cupy", (5,), np.float64)
