@@ -8,7 +8,7 @@ from typing import Any
 from mpi4py import MPI
 import numpy as np
 
-from . import _device_calls, _hierarchical, _ring
+from . import _hierarchical, _ring
 from ._agreement import Call, agree
 from ._buffers import device_tensor, results_like
 from ._calls import execute, flat, input_array
@@ -84,6 +84,7 @@ def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
              algorithm: str | None) -> Callable[[], np.ndarray]:
     on_device = device_tensor(tensor, "allgather", name)
     if on_device is not None:
+        from . import _device_calls  # loads numba.cuda: only for device tensors
         return _device_calls.allgather(
             on_device, name, process_set, algorithm,
             lambda array: _prepare(array, name, process_set, algorithm))

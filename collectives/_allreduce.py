@@ -12,7 +12,7 @@ import numpy as np
 from ..kernels import (Compression, Compressor, FusionLayout, abs_max, pack, reducer,
                        scale_into)
 from ..kernels.reduction import Combine
-from . import _device_calls, _hierarchical, _recursive_doubling, _ring
+from . import _hierarchical, _recursive_doubling, _ring
 from ._agreement import PAYLOAD_CAPACITY, Call, ValueRange, agree
 from ._buffers import device_tensor, results_like, returns_itself
 from ._calls import check_scale_factors, execute, flat, in_place_array, input_array
@@ -265,6 +265,7 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
     collective = "allreduce_" if in_place else "allreduce"
     on_device = device_tensor(tensor, collective, name, in_place)
     if on_device is not None:
+        from . import _device_calls  # loads numba.cuda: only for device tensors
         return _device_calls.allreduce(on_device, op, name, prescale_factor,
                                        postscale_factor, process_set, algorithm, compression,
                                        in_place)
@@ -474,6 +475,7 @@ def _prepare_grouped(tensors: Sequence[Any], op: Any, name: str | None,
             raise InvalidArgumentError(
                 f"{subject(collective, name)}: some tensors are in GPU memory and some in "
                 f"host memory; group them separately")
+        from . import _device_calls  # loads numba.cuda: only for device tensors
         return _device_calls.grouped_allreduce(on_device, op, name, prescale_factor,
                                                postscale_factor, process_set, algorithm,
                                                compression, in_place)

@@ -8,7 +8,7 @@ from typing import Any
 from mpi4py import MPI
 import numpy as np
 
-from . import _device_calls, _pairwise, _ring
+from . import _pairwise, _ring
 from ._agreement import Call, agree
 from ._buffers import device_tensor, results_like
 from ._calls import execute, flat, input_array
@@ -71,6 +71,7 @@ def _prepare(tensor: Any, splits: Any, name: str | None, process_set: ProcessSet
              algorithm: str | None) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
     on_device = device_tensor(tensor, "alltoall", name)
     if on_device is not None:
+        from . import _device_calls  # loads numba.cuda: only for device tensors
         return _device_calls.alltoall(
             on_device, splits, name, process_set, algorithm,
             lambda array: _prepare(array, splits, name, process_set, algorithm))

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _broadcast_algorithms, _device_calls, _hierarchical
+from . import _broadcast_algorithms, _hierarchical
 from ._agreement import Call, agree
 from ._buffers import device_tensor, results_like, returns_itself
 from ._calls import execute, flat, in_place_array, input_array
@@ -108,6 +108,7 @@ def _prepare(tensor: Any, root_rank: Any, name: str | None, process_set: Process
     collective = "broadcast_" if in_place else "broadcast"
     on_device = device_tensor(tensor, collective, name, in_place)
     if on_device is not None:
+        from . import _device_calls  # loads numba.cuda: only for device tensors
         return _device_calls.broadcast(
             on_device, root_rank, name, process_set, algorithm, in_place,
             lambda array: _prepare(array, root_rank, name, process_set, algorithm, in_place))

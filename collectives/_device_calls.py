@@ -17,8 +17,8 @@ from typing import Any
 from mpi4py import MPI
 import numpy as np
 
-from ..kernels import (Compressor, FusionLayout, abs_max, device, pack, reducer, scale_into,
-                       unpack)
+from ..kernels import (Compressor, FusionLayout, abs_max, device, divide_into, pack, reducer,
+                       scale_into, unpack)
 from ._agreement import Call, agree
 from ._buffers import DeviceTensor
 from ._group import Group
@@ -77,50 +77,71 @@ def allreduce(tensor: DeviceTensor, op: Any, name: str | None, prescale_factor: 
               postscale_factor: float, process_set: ProcessSet | None,
               algorithm: str | None, compression: Any, in_place: bool) -> Callable[[], Any]:
     """The body of an allreduce of device ``tensor`` (arguments as the host one's)."""
-    from ._allreduce import allreduce_plan, warn_nonfinite
     collective = "allreduce_" if in_place else "allreduce"
-    settings = current_settings()
-    compressed = isinstance(compression, Compressor) and compression.applies_to(tensor.dtype)
-    direct = goes_direct(algorithm, settings.allreduce_algorithm, tensor.dtype) and \
-        not compressed
-    plan = allreduce_plan(tensor, op, name, prescale_factor, postscale_factor, process_set,
-                          "native" if direct else algorithm, compression, collective,
-                          memory=AWARE if direct else STAGED)
-    group = plan.group
-    divisor = group.size if plan.op is ReduceOp.Average else 1
+    plan = device_allreduce_plan(tensor, op, name, prescale_factor, postscale_factor,
+                                 process_set, algorithm, compression, collective)
 
     def run() -> Any:
         with device.on_device(tensor.device):
             tensor.wait_for_producer()
             out = tensor.owner if in_place else tensor.new(tensor.shape)
             target = tensor.memory if in_place else out
-            if direct:
-                agree(group, plan.call)
-                start = _synchronized(_scaled(tensor.memory, prescale_factor, target))
-                _mpi_allreduce(group, start, target, plan.op)
-                _synchronized(_scaled(target, postscale_factor / divisor, target))
-            elif plan.compressor is None:
-                agree(group, plan.call)
-                start = _synchronized(_scaled(tensor.memory, prescale_factor, target))
-                through_host(group, plan.algorithm, start, target, tensor.dtype, plan.op,
-                             plan.combine, plan.finish, settings.segment_bytes, None,
-                             plan.layout, tensor.device)
-            else:
-                compressor = plan.compressor
-                local_max, nonfinite = abs_max(tensor.memory) if compressor.needs_range \
-                    else (0.0, False)
-                value_range = agree(group, plan.call, local_range=(
-                    local_max * abs(prescale_factor), nonfinite))
-                if nonfinite:
-                    warn_nonfinite(group, value_range, compressor, collective, name)
-                scale = compressor.scale_for(value_range.abs_max, group.size)
-                _reduce_compressed(group, plan.algorithm, compressor, tensor.memory, target,
-                                   scale * prescale_factor,
-                                   postscale_factor / (scale * divisor), plan.op, name,
-                                   settings.segment_bytes, plan.layout, tensor.device)
+            reduce_planned_on_device(plan, collective, name, tensor.memory, target,
+                                     prescale_factor, postscale_factor, tensor.device)
             return out
 
     return run
+
+
+def device_allreduce_plan(array: Any, op: Any, name: str | None, prescale_factor: float,
+                          postscale_factor: float, process_set: ProcessSet | None,
+                          algorithm: str | None, compression: Any, collective: str) -> Any:
+    """:func:`._allreduce.allreduce_plan` for device tensors like ``array`` (anything with
+    their ``shape``, ``dtype`` and ``size``): MPI's own algorithm on device memory where
+    :func:`goes_direct` allows it, else the algorithm chosen for the host copies; the
+    ``memory`` field of the signature says which."""
+    from ._allreduce import allreduce_plan
+    compressed = isinstance(compression, Compressor) and compression.applies_to(array.dtype)
+    direct = not compressed and \
+        goes_direct(algorithm, current_settings().allreduce_algorithm, array.dtype)
+    return allreduce_plan(array, op, name, prescale_factor, postscale_factor, process_set,
+                          "native" if direct else algorithm, compression, collective,
+                          memory=AWARE if direct else STAGED)
+
+
+def reduce_planned_on_device(plan: Any, collective: str, name: str | None, source: Any,
+                             target: Any, prescale_factor: float, postscale_factor: float,
+                             ordinal: int) -> None:
+    """Agree with the other ranks, then reduce device ``source`` into ``target`` (may be
+    it) as ``plan`` (from :func:`._allreduce.allreduce_plan`) says: MPI's own allreduce on
+    device memory when the plan chose ``native``, MPI is CUDA-aware and the dtype is not
+    16-bit, else through pinned host memory. Device ``ordinal`` must be current.
+    """
+    from ._allreduce import warn_nonfinite
+    group, settings, compressor = plan.group, plan.settings, plan.compressor
+    divisor = group.size if plan.op is ReduceOp.Average else 1
+    dtype = device.dtype_of(source)
+    if compressor is None and plan.algorithm == "native" and \
+            goes_direct("native", "native", dtype):
+        agree(group, plan.call)
+        start = _synchronized(_scaled(source, prescale_factor, target))
+        _mpi_allreduce(group, start, target, plan.op)
+        _finish(target, divisor, postscale_factor)
+    elif compressor is None:
+        agree(group, plan.call)
+        start = _synchronized(_scaled(source, prescale_factor, target))
+        through_host(group, plan.algorithm, start, target, dtype, plan.op, plan.combine,
+                     plan.finish, settings.segment_bytes, None, plan.layout, ordinal)
+    else:
+        local_max, nonfinite = abs_max(source) if compressor.needs_range else (0.0, False)
+        value_range = agree(group, plan.call,
+                            local_range=(local_max * abs(prescale_factor), nonfinite))
+        if nonfinite:
+            warn_nonfinite(group, value_range, compressor, collective, name)
+        scale = compressor.scale_for(value_range.abs_max, group.size)
+        _reduce_compressed(group, plan.algorithm, compressor, source, target,
+                           scale * prescale_factor, postscale_factor / (scale * divisor),
+                           plan.op, name, settings.segment_bytes, plan.layout, ordinal)
 
 
 def _mpi_allreduce(group: Group, source: Any, target: Any, op: ReduceOp) -> None:
@@ -134,6 +155,14 @@ def _mpi_allreduce(group: Group, source: Any, target: Any, op: ReduceOp) -> None
     send = MPI.IN_PLACE if source is target else MPIMemory(source)
     with phase("MPI allreduce", bytes=device.byte_view(target).size, device=True):
         group.comm.Allreduce(send, MPIMemory(target), MPI_OPS[op])
+
+
+def _finish(values: Any, divisor: int, postscale_factor: float) -> None:
+    """Turn a sum into the result on the GPU, rounding as the host does: divide for
+    Average, then scale."""
+    if divisor != 1:
+        divide_into(values, divisor, values)
+    _synchronized(_scaled(values, postscale_factor, values))
 
 
 def _copy(source: Any, target: Any) -> Any:
@@ -243,7 +272,7 @@ def grouped_allreduce(tensors: list[DeviceTensor], op: Any, name: str | None,
                     unpack_scale = 1.0
                 elif direct:
                     _mpi_allreduce(group, _synchronized(buffer), buffer, op)
-                    unpack_scale = postscale_factor / divisor
+                    _finish(buffer, divisor, 1.0)
                 else:
                     through_host(group, chosen[dtype], _synchronized(buffer), buffer, dtype, op,
                                  reducer(op.value, dtype), finisher(divisor, 1.0),
@@ -396,7 +425,7 @@ def reducescatter(tensor: DeviceTensor, op: Any, name: str | None, prescale_fact
                 with phase("MPI reducescatter", bytes=tensor.nbytes, device=True):
                     group.comm.Reduce_scatter(MPIMemory(source), MPIMemory(out), counts,
                                               MPI_OPS[op])
-            _synchronized(_scaled(out, postscale_factor / divisor, out))
+            _finish(out, divisor, postscale_factor)
             return out
 
     return run

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels import reducer
-from . import _device_calls, _ring
+from . import _ring
 from ._agreement import Call, agree
 from ._allreduce import check_reduction, finisher
 from ._buffers import device_tensor, results_like
@@ -61,6 +61,7 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
              algorithm: str | None) -> Callable[[], np.ndarray]:
     on_device = device_tensor(tensor, "reducescatter", name)
     if on_device is not None:
+        from . import _device_calls  # loads numba.cuda: only for device tensors
         return _device_calls.reducescatter(
             on_device, op, name, prescale_factor, postscale_factor, process_set, algorithm,
             lambda array: _prepare(array, op, name, prescale_factor, postscale_factor,

@@ -8,9 +8,9 @@ the arrays they are given.
 
 from .compression import (BF16Compressor, Compression, CompressionContext, Compressor,
                           FP16Compressor, NoneCompressor)
-from .dispatch import (abs_max, decode_bfloat, decode_half, empty_like, encode_bfloat,
-                       encode_half, pack, reduce_into, scale_into, twin_for, unpack,
-                       zeros_like)
+from .dispatch import (abs_max, decode_bfloat, decode_half, divide_into, empty_like,
+                       encode_bfloat, encode_half, pack, reduce_into, scale_into, twin_for,
+                       unpack, zeros_like)
 from .host import OP_CODES, host_threads, set_host_threads
 from .layout import FusionLayout
 from .reduction import reducer
@@ -18,6 +18,7 @@ from .reduction import reducer
 __all__ = [
     "BF16Compressor", "Compression", "CompressionContext", "Compressor", "FP16Compressor",
     "FusionLayout", "NoneCompressor", "OP_CODES", "abs_max", "decode_bfloat", "decode_half",
-    "empty_like", "encode_bfloat", "encode_half", "host_threads", "pack", "reduce_into",
-    "reducer", "scale_into", "set_host_threads", "twin_for", "unpack", "zeros_like",
+    "divide_into", "empty_like", "encode_bfloat", "encode_half", "host_threads", "pack",
+    "reduce_into", "reducer", "scale_into", "set_host_threads", "twin_for", "unpack",
+    "zeros_like",
 ]

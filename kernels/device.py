@@ -212,6 +212,12 @@ def _scale_kernel(a, factor, out):
 
 
 @_kernel
+def _divide_kernel(a, divisor, out):
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = a[i] / divisor
+
+
+@_kernel
 def _abs_max_kernel(values, largest, nonfinite):
     # Any value already in ``largest`` is a lower bound of the answer, and has its type.
     local = largest[0]
@@ -484,6 +490,14 @@ def scale_into(a: Any, factor: float, out: Any) -> None:
             flat_out)
 
 
+def divide_into(a: Any, divisor: int, out: Any) -> None:
+    """Device twin of :func:`ringtrain.kernels.host.divide_into`."""
+    flat_a, flat_out = _array(a), _array(out)
+    _check_sizes(flat_a, flat_out)
+    _launch(_divide_kernel, flat_out.size, _stream(out), flat_a,
+            _scalar(float(divisor), flat_out.dtype), flat_out)
+
+
 def abs_max(values: Any) -> tuple[float, bool]:
     """Device twin of :func:`ringtrain.kernels.host.abs_max` (waits for the result)."""
     dtype = _described(values).dtype
@@ -500,14 +514,6 @@ def abs_max(values: Any) -> tuple[float, bool]:
     count = nonfinite.copy_to_host(stream=stream)
     stream.synchronize()
     return float(found[0]), bool(count[0])
-
-
-def staging_buffers(like: Any, size: int, dtype: Any) -> tuple[Any, np.ndarray]:
-    """A 1-D device buffer on ``like``'s stream and a pinned host buffer, both of ``size``
-    elements of ``dtype``: the two ends of a copy through host memory."""
-    dtype = np.dtype(dtype)
-    return (cuda.device_array(size, dtype, stream=_stream(like)),
-            cuda.pinned_array(size, dtype))
 
 
 def copy_to_host(device_buffer: Any, host_buffer: np.ndarray) -> None:

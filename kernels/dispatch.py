@@ -73,6 +73,11 @@ def scale_into(a: Any, factor: float, out: Any) -> None:
     twin_for(out).scale_into(a, factor, out)
 
 
+def divide_into(a: Any, divisor: int, out: Any) -> None:
+    """``out = a / divisor``, correctly rounded."""
+    twin_for(out).divide_into(a, divisor, out)
+
+
 def abs_max(values: Any) -> tuple[float, bool]:
     """Largest finite magnitude, and whether any value is inf or NaN."""
     return twin_for(values).abs_max(values)

@@ -358,6 +358,17 @@ def scale_into(a: np.ndarray, factor: float, out: np.ndarray) -> None:
     np.multiply(a, factor, out=out, casting="unsafe")
 
 
+def divide_into(a: np.ndarray, divisor: int, out: np.ndarray) -> None:
+    """``out = a / divisor`` (correctly rounded, as an Average's last step needs).
+
+    Args:
+        a: source, floating, of ``out``'s shape.
+        divisor: a positive integer (the number of ranks).
+        out: destination; may be ``a``.
+    """
+    np.divide(a, divisor, out=out)
+
+
 def abs_max(values: np.ndarray) -> tuple[float, bool]:
     """The largest finite ``|value|`` (0.0 if none), and whether any value is inf or NaN.
 

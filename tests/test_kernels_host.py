@@ -584,6 +584,15 @@ def test_reduce_into(op, dtype):
     np.testing.assert_array_equal(a, expected)
 
 
+def test_divide_into_rounds_once():
+    a = np.array([1.0, 2.0, -7.0, 10.0], np.float32)
+    out = np.empty_like(a)
+    kernels.divide_into(a, 3, out)
+    np.testing.assert_array_equal(out, (a.astype(np.float64) / 3).astype(np.float32))
+    kernels.divide_into(a, 3, a)
+    np.testing.assert_array_equal(a, out)
+
+
 def test_scale_into():
     a = np.arange(5, dtype=np.float32)
     out = np.empty_like(a)

@@ -96,3 +96,17 @@ def test_numba_cuda_is_imported_by_one_module_only():
                  for folder in SUBPACKAGES for path in sorted((ROOT / folder).rglob("*.py"))
                  if statement.search(path.read_text())]
     assert importing == ["kernels/device.py"], importing
+
+
+def test_host_collectives_and_the_trainer_leave_cuda_unimported(tmp_path):
+    """The device path (and ``numba.cuda`` with it) loads when a device tensor is seen."""
+    probe = ("import sys, numpy as np, ringtrain as rt, ringtrain.trainer\n"
+             "rt.init()\n"
+             "rt.allreduce(np.ones(3)); rt.grouped_allreduce([np.ones(2)])\n"
+             "rt.broadcast(np.ones(2), 0); rt.allgather(np.ones(2)); rt.alltoall(np.ones(2))\n"
+             "rt.reducescatter(np.ones(2))\n"
+             "print(sorted(m for m in sys.modules if m.startswith('numba.cuda')))\n")
+    result = subprocess.run([sys.executable, "-I", "-c", probe], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout

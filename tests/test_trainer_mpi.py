@@ -27,6 +27,14 @@ def test_device_gradients_on_the_cuda_simulator(nprocs):
     assert re.search(rf"trainer_device\.py np={nprocs}: all 5 checks passed", output), output
 
 
+@pytest.mark.parametrize("nprocs", [2, 3], ids=["np2", "np3"])
+def test_device_gradients_handed_to_a_cuda_aware_mpi(nprocs):
+    """Host memory posing as device memory survives being handed to MPI."""
+    output = run_mpi("trainer_device", nprocs, timeout=240,
+                     env={"NUMBA_ENABLE_CUDASIM": "1", "RINGTRAIN_CUDA_AWARE_MPI": "1"})
+    assert re.search(rf"trainer_device\.py np={nprocs}: all 5 checks passed", output), output
+
+
 def test_device_gradients_on_a_gpu():
     """Two ranks sharing the GPU; skips without one unless RINGTRAIN_TEST_GPU=1 demands it."""
     require_gpu()

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..collectives import Average, Compression, Compressor, ProcessSet, ReduceOp
 from ..collectives._allreduce import allreduce_plan, reduce_planned
+from ..collectives._buffers import device_tensor
 from ..collectives._calls import execute
 from ..collectives._executor import Handle
 from ..collectives._tracing import phase
@@ -70,14 +71,17 @@ class Bucket:
         """Bytes of the bucket's gradients, padding included."""
         return self.layout.nbytes
 
-    def reduce(self, plan: Any, gradients: list[Any], prescale_factor: float,
-               postscale_factor: float, as_array: Callable[[Any], Any] | None) -> None:
-        """Allreduce ``gradients`` in place (runs on the collectives thread)."""
+    def reduce(self, plan: Any, device_plan: Callable[[], Any], gradients: list[Any],
+               prescale_factor: float, postscale_factor: float,
+               as_array: Callable[[Any], Any] | None) -> None:
+        """Allreduce ``gradients`` in place (runs on the collectives thread): host arrays
+        as ``plan`` says, device arrays as ``device_plan()`` says."""
         if as_array is not None:
             gradients = [as_array(g) for g in gradients]
         twin = twin_for(gradients[0])
         if twin is not host:
-            self._reduce_staged(twin, plan, gradients, prescale_factor, postscale_factor)
+            self._reduce_on_device(twin, device_plan(), gradients, prescale_factor,
+                                   postscale_factor)
             return
         if len(gradients) == 1 and gradients[0].flags.c_contiguous:
             flat = gradients[0].reshape(-1)
@@ -93,22 +97,28 @@ class Bucket:
         with phase("unpack", bytes=self.layout.nbytes, tensors=len(gradients)):
             unpack(self.layout, self.buffer, gradients)
 
-    def _reduce_staged(self, device: Any, plan: Any, gradients: list[Any],
-                       prescale_factor: float, postscale_factor: float) -> None:
-        """Device gradients: pack on the GPU (one launch), reduce through pinned host
-        memory, unpack on the GPU; done when this returns."""
-        if self.device_buffer is None:
-            self.device_buffer, self.buffer = device.staging_buffers(
-                gradients[0], self.layout.total_size, self.layout.dtype)
-        with phase("pack", bytes=self.layout.nbytes, tensors=len(gradients), device=True):
-            pack(self.layout, gradients, self.device_buffer, prescale_factor)
-            device.copy_to_host(self.device_buffer, self.buffer)
-        reduce_planned(plan, _COLLECTIVE, self.name, self.buffer, self.buffer, 1.0,
-                       postscale_factor)
-        with phase("unpack", bytes=self.layout.nbytes, tensors=len(gradients), device=True):
-            device.copy_to_device(self.buffer, self.device_buffer)
-            unpack(self.layout, self.device_buffer, gradients)
-            device.synchronize(self.device_buffer)
+    def _reduce_on_device(self, device: Any, plan: Any, gradients: list[Any],
+                          prescale_factor: float, postscale_factor: float) -> None:
+        """Device gradients: pack on the GPU (one launch), reduce the fusion buffer as the
+        collectives reduce a device tensor (a compressor's casts on the GPU, copies
+        through pinned host memory pipelined with the reduction, or device memory handed
+        to a CUDA-aware MPI), unpack on the GPU; done when this returns."""
+        from ..collectives._device_calls import reduce_planned_on_device
+        described = device_tensor(gradients[0], _COLLECTIVE, self.name)
+        with device.on_device(described.device):
+            described.wait_for_producer()
+            if self.device_buffer is None:
+                self.device_buffer = device.empty((self.layout.total_size,),
+                                                  self.layout.dtype)
+            with phase("pack", bytes=self.layout.nbytes, tensors=len(gradients), device=True):
+                pack(self.layout, gradients, self.device_buffer, prescale_factor)
+            reduce_planned_on_device(plan, _COLLECTIVE, self.name, self.device_buffer,
+                                     self.device_buffer, 1.0, postscale_factor,
+                                     described.device)
+            with phase("unpack", bytes=self.layout.nbytes, tensors=len(gradients),
+                       device=True):
+                unpack(self.layout, self.device_buffer, gradients)
+                device.synchronize(self.device_buffer)
 
 
 class GradientReducer:
@@ -163,10 +173,12 @@ class GradientReducer:
                 self._bucket_of[index] = bucket.index
         self._prescale = prescale_factor
         self._postscale = postscale_factor
-        self._plans = [allreduce_plan(np.empty(bucket.layout.total_size, bucket.layout.dtype),
-                                      op, bucket.name, 1.0, postscale_factor, process_set,
-                                      algorithm, compression, _COLLECTIVE)
+        self._plan_arguments = (op, postscale_factor, process_set, algorithm, compression)
+        self._plans = [allreduce_plan(self._bucket_spec(bucket), op, bucket.name, 1.0,
+                                      postscale_factor, process_set, algorithm, compression,
+                                      _COLLECTIVE)
                        for bucket in self.buckets]
+        self._device_plans: dict[int, Any] = {}
         self._lock = threading.Lock()
         self.step_prologue: Callable[[], None] | None = None
         self._reset()
@@ -303,6 +315,22 @@ class GradientReducer:
             return np.zeros(spec.shape, spec.dtype)
         return twin_for(marked).zeros(marked, spec.shape, spec.dtype)
 
+    @staticmethod
+    def _bucket_spec(bucket: Bucket) -> np.ndarray:
+        return np.empty(bucket.layout.total_size, bucket.layout.dtype)
+
+    def _device_plan(self, index: int) -> Any:
+        """The plan of bucket ``index`` for device gradients, made when first needed."""
+        plan = self._device_plans.get(index)
+        if plan is None:
+            from ..collectives._device_calls import device_allreduce_plan
+            op, postscale_factor, process_set, algorithm, compression = self._plan_arguments
+            bucket = self.buckets[index]
+            plan = self._device_plans[index] = device_allreduce_plan(
+                self._bucket_spec(bucket), op, bucket.name, 1.0, postscale_factor,
+                process_set, algorithm, compression, _COLLECTIVE)
+        return plan
+
     def _launch_ready_buckets(self) -> None:
         while self._next_launch < len(self.buckets) and \
                 self._missing[self._next_launch] == 0:
@@ -314,6 +342,7 @@ class GradientReducer:
             bucket = self.buckets[self._next_launch]
             gradients = [self._gradients[i] for i in bucket.members]
             body = functools.partial(self._step.run, bucket.reduce, self._plans[bucket.index],
+                                     functools.partial(self._device_plan, bucket.index),
                                      gradients, self._prescale, self._postscale,
                                      self._as_array)
             self._handles.append(execute(_COLLECTIVE, bucket.name, body, asynchronous=True))

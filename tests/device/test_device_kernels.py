@@ -439,6 +439,24 @@ def test_scale_into_matches_host(cuda, nan_bits_kept, dtype, factor):
     assert_same_bits(source.copy_to_host(), expected, nan_bits=exact)
 
 
+@pytest.mark.parametrize("divisor", [1, 3, 7])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_divide_into_matches_host(cuda, nan_bits_kept, dtype, divisor):
+    values = cast_inputs().astype(dtype) if dtype != np.float16 else \
+        half_patterns().view(np.float16)
+    expected = garbage(values.shape, dtype)
+    with np.errstate(all="ignore"):
+        host.divide_into(values, divisor, expected)
+    source = cuda.to_device(values)
+    out = cuda.to_device(garbage(values.shape, dtype))
+    with np.errstate(all="ignore"):
+        kernels.divide_into(source, divisor, out)
+    assert_same_bits(out.copy_to_host(), expected, nan_bits=nan_bits_kept)
+    with np.errstate(all="ignore"):
+        kernels.divide_into(source, divisor, source)
+    assert_same_bits(source.copy_to_host(), expected, nan_bits=nan_bits_kept)
+
+
 def abs_max_cases(dtype):
     rng = np.random.default_rng(7)
     finite = (rng.standard_normal(SIZE_WITH_EDGES) * 100).astype(dtype)

@@ -550,7 +550,7 @@ def bad_calls() -> list[tuple[str, type[BaseException], Callable[[], object], li
          ["'t'"]),
         ("complex64 alltoall", Dt, lambda: rt.alltoall(c64, name="t"), ["'t'"]),
         ("uint16 async", Dt, lambda: rt.allreduce_async(np.ones(3, np.uint16), rt.Sum,
-                                                       name="t"),
+                                                        name="t"),
          ["'t'"]),
         ("strings", Dt, lambda: rt.allreduce(np.array(["a", "b"]), rt.Sum, name="t"), ["'t'"]),
         ("Average of int32", Inv, lambda: rt.allreduce(i32, rt.Average, name="t"),
