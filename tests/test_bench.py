@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from mpi_launch import run_mpi
+from mpi_launch import gpu_found, require_gpu, run_mpi
 from ringtrain.collectives.bench import cases, report
 from ringtrain.collectives.bench.measure import INJECT_WRONG_VARIABLE
 from ringtrain.collectives.bench.options import parse_options, sizes_between
@@ -42,6 +44,35 @@ def test_defaults_and_datatype_names():
     assert parse_options(["allgather", "-d", "int8", "--algo", "ring"]).algorithms == ("ring",)
 
 
+def test_device_options_and_what_each_size_measures():
+    cpu = parse_options(["allreduce", "--algo", "ring,native"])
+    assert cpu.device == "cpu" and cpu.device_library == "auto"
+    assert cases.variants(cpu) == [("ring", "host"), ("native", "host")]
+    cuda = parse_options(["allreduce", "--algo", "auto,ring,native", "--device", "cuda",
+                          "--device-library", "numba", "--compression", "fp16"])
+    assert cuda.device == "cuda" and cuda.device_library == "numba"
+    assert cases.variants(cuda) == [("auto", "cuda"), ("auto", "host"), ("ring", "cuda"),
+                                    ("ring", "host"), ("native", "host")]
+
+
+def test_parsing_device_options_imports_no_gpu_library():
+    """The bench adds no GPU library to what importing the collectives imports."""
+    probe = ("import sys\n"
+             "def gpu():\n"
+             "    return {m for m in sys.modules if m.split('.')[0] in ('cupy', 'torch')\n"
+             "            or m.startswith('numba.cuda')}\n"
+             "import ringtrain.collectives\n"
+             "before = gpu()\n"
+             "from ringtrain.collectives.bench import cli\n"
+             "from ringtrain.collectives.bench.options import parse_options\n"
+             "parse_options(['allreduce', '--device', 'cuda', '--device-library', 'cupy'])\n"
+             "print(sorted(gpu() - before))\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout
+
+
 @pytest.mark.parametrize("argv, message", [
     (["allreduce", "-b", "0"], "minbytes"),
     (["allreduce", "-b", "12X"], "not a size"),
@@ -50,7 +81,9 @@ def test_defaults_and_datatype_names():
     (["allreduce", "-o", "avg", "-d", "int32"], "avg needs a floating"),
     (["broadcast", "--compression", "fp16"], "--compression applies"),
     (["allreduce", "--compression", "bf16", "-o", "prod"], "not prod"),
-    (["allreduce", "--device", "cuda"], "host (numpy) buffers"),
+    (["allreduce", "--device", "cuda", "--algo", "native"], "names only native"),
+    (["allreduce", "--device-library", "cupy"], "applies to --device cuda"),
+    (["allreduce", "--device", "cuda", "--device-library", "jax"], "invalid choice"),
     (["allreduce", "-n", "0"], "--iters"),
     (["gather"], "invalid choice"),
 ])
@@ -106,19 +139,25 @@ def test_check_input_makes_every_reduction_exact_in_every_dtype():
 # --------------------------------------------------------------------------- output
 
 def parse_table(output: str) -> list[dict]:
-    """The data lines of the table, as dicts of the out-of-place and in-place columns."""
+    """The data lines of the table, as dicts of the out-of-place and in-place columns
+    (and, for ``--device cuda``, of the ``memory`` column; None for a CPU run)."""
+    titles = next((line for line in output.splitlines()
+                   if line.startswith("#") and "time(us)" in line), "")
+    memory = " memory " in titles
+    prefix = 7 if memory else 6
     rows = []
     for line in output.splitlines():
         if line.startswith("#") or not line.strip() or not line.strip()[0].isdigit():
             continue
         fields = line.split()
-        assert len(fields) in (14, 16), f"unexpected columns: {line!r}"
-        ratio = len(fields) == 16
-        width = 5 if ratio else 4
+        expected = (17, 19) if memory else (14, 16)
+        assert len(fields) in expected, f"unexpected columns: {line!r}"
+        width = (len(fields) - prefix) // 2
         rows.append({
             "size": int(fields[0]), "count": int(fields[1]), "type": fields[2],
-            "redop": fields[3], "root": int(fields[4]), "algo": fields[5],
-            "oop": fields[6:6 + width], "ip": fields[6 + width:6 + 2 * width],
+            "redop": fields[3], "root": int(fields[4]),
+            "memory": fields[5] if memory else None, "algo": fields[prefix - 1],
+            "oop": fields[prefix:prefix + width], "ip": fields[prefix + width:],
         })
     return rows
 
@@ -132,6 +171,40 @@ def test_row_and_header_columns_line_up():
     assert len(line) == len(titles)
     assert titles.index("algo") + len("algo") == line.index("ring") + len("ring")
     assert "n/a" in line and header[0] == "# MPI: test"
+
+
+def test_device_rows_add_the_memory_and_xhost_columns(tmp_path):
+    device = report.result(4096, 1e-5, 1.0, 0, 2.0)
+    device.host_ratio = 0.5
+    rows = [report.Row(4096, 1024, "float32", "sum", -1, "ring", device, None, "cuda"),
+            report.Row(4096, 1024, "float32", "sum", -1, "ring",
+                       report.result(4096, 5e-6, 1.0, 0, 2.0), None, "host")]
+    rows[1].out_of_place.host_ratio = 1.0
+    header = report.header_lines({"MPI": "test"}, with_ratio=True, with_memory=True)
+    titles = header[-1]
+    line = report.format_row(rows[0], with_ratio=True)
+    assert len(line) == len(titles) and "xhost" in titles
+    assert titles.index("memory") + len("memory") == line.index("cuda") + len("cuda")
+    assert line.split()[11:13] == ["0.20", "0.50"] and line.split()[-1] == "n/a"
+    assert "(ring, cuda)" in report.footer_lines(rows)[1]
+    assert "(ring, host)" in report.footer_lines(rows)[2]
+    record = report.flat_record(rows[0])
+    assert record["memory"] == "cuda" and record["oop_host_ratio"] == 0.5
+    assert "ip_host_ratio" in record and record["ip_host_ratio"] is None
+    path = tmp_path / "rows.json"
+    report.write_json(str(path), {"MPI": "test"}, rows)
+    assert json.loads(path.read_text())["rows"][1]["memory"] == "host"
+
+
+def test_cpu_rows_keep_their_columns_and_fields():
+    row = report.Row(4096, 1024, "float32", "sum", -1, "ring",
+                     report.result(4096, 1e-5, 1.0, 0, None), None)
+    assert "memory" not in report.header_lines({}, with_ratio=False)[-1]
+    assert len(report.format_row(row, with_ratio=False).split()) == 14
+    assert list(report.flat_record(row)) == [
+        "size", "count", "type", "redop", "root", "algorithm",
+        "oop_time_us", "oop_algbw", "oop_busbw", "oop_wrong", "oop_ratio",
+        "ip_time_us", "ip_algbw", "ip_busbw", "ip_wrong", "ip_ratio"]
 
 
 # --------------------------------------------------------------------------- real runs
@@ -187,3 +260,81 @@ def test_plot_draws_one_line_per_algorithm(tmp_path):
     path = tmp_path / "busbw.png"
     report.plot(str(path), "allreduce, 2 ranks", rows)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- GPU buffers
+
+NO_DEVICE_LINE = "ringtrain-bench: error: --device cuda: no CUDA device found"
+
+
+def check_device_table(output: str, algorithms: list[str], sizes: list[int],
+                       in_place: bool) -> list[dict]:
+    """Every variant at every size, in order, checked; xhost 1.00 on host rows."""
+    rows = parse_table(output)
+    expected = [(algorithm, memory) for algorithm in algorithms
+                for memory in (("host",) if algorithm == "native" else ("cuda", "host"))]
+    assert [(row["algo"], row["memory"]) for row in rows] == expected * len(sizes), output
+    assert sorted({row["size"] for row in rows}) == sizes, output
+    for row in rows:
+        modes = (row["oop"], row["ip"]) if in_place else (row["oop"],)
+        for mode in modes:
+            assert mode[3] == "0", row
+            if row["memory"] == "host" and row["count"]:
+                assert mode[-1] == "1.00", row
+        if not in_place:
+            assert row["ip"] == ["n/a"] * len(row["ip"]), row
+    assert "# Out of bounds values : 0 OK" in output
+    assert "xhost" in output and " memory " in output
+    return rows
+
+
+def test_device_cuda_on_the_simulator_measures_gpu_and_host_buffers(tmp_path):
+    csv_path = tmp_path / "out.csv"
+    output = run_mpi("bench", 2, "allreduce", "--device", "cuda", "-b", "8", "-e", "256",
+                     "-f", "4", "-n", "1", "-w", "0", "--rounds", "1",
+                     "--algo", "ring,native", "--csv", str(csv_path),
+                     env={"NUMBA_ENABLE_CUDASIM": "1"}, timeout=300)
+    assert "numba's CUDA simulator" in output and "# CUDA-aware MPI:" in output
+    rows = check_device_table(output, ["ring", "native"], [8, 32, 128], in_place=True)
+    assert all(len(row["oop"]) == 6 for row in rows)  # ... #wrong xnative xhost
+    assert "# Avg bus bandwidth    : " in output and "(ring, cuda)" in output
+    lines = csv_path.read_text().splitlines()
+    assert len(lines) == len(rows) + 1 and "memory" in lines[0] and "oop_host_ratio" in lines[0]
+
+
+def test_device_cuda_compressed_and_partitioned_collectives_on_the_simulator():
+    output = run_mpi("bench", 2, "allreduce", "--device", "cuda", "-b", "256", "-e", "256",
+                     "-n", "1", "-w", "1", "--rounds", "1", "-o", "avg",
+                     "--compression", "fp16", "--algo", "auto",
+                     env={"NUMBA_ENABLE_CUDASIM": "1"}, timeout=300)
+    assert "fp16 compression" in output
+    rows = check_device_table(output, ["auto"], [256], in_place=True)
+    assert all(len(row["oop"]) == 5 for row in rows)  # no native: no xnative column
+    for collective in ("broadcast", "allgather", "reducescatter", "alltoall"):
+        output = run_mpi("bench", 2, collective, "--device", "cuda", "-b", "64", "-e", "64",
+                         "-n", "1", "-w", "0", "--rounds", "1", "-d", "int32", "-r", "1",
+                         "--algo", "auto,native", env={"NUMBA_ENABLE_CUDASIM": "1"},
+                         timeout=300)
+        check_device_table(output, ["auto", "native"], [64],
+                           in_place=collective == "broadcast")
+
+
+def test_device_cuda_without_a_gpu_exits_2_with_one_line():
+    if gpu_found():
+        pytest.skip("a CUDA GPU is present")
+    output = run_mpi("bench", 2, "allreduce", "--device", "cuda", "-b", "8", "-e", "8",
+                     env={"NUMBA_ENABLE_CUDASIM": "0"}, expected_status=2, timeout=120)
+    errors = [line for line in output.splitlines() if line.startswith("ringtrain-bench:")]
+    assert len(errors) == 1 and errors[0].startswith(NO_DEVICE_LINE), output
+    assert "numba sees no GPU" in errors[0] and "size(B)" not in output
+
+
+def test_device_cuda_on_a_gpu():
+    """Skips without a GPU, unless RINGTRAIN_TEST_GPU=1 makes that a failure."""
+    require_gpu()
+    output = run_mpi("bench", 2, "allreduce", "--device", "cuda", "-b", "8", "-e", "1M",
+                     "-f", "16", "-n", "5", "-w", "2", "--rounds", "1",
+                     "--algo", "ring,native", env={"NUMBA_ENABLE_CUDASIM": "0"}, timeout=300)
+    check_device_table(output, ["ring", "native"], [8, 128, 2048, 32768, 524288],
+                       in_place=True)
+    assert "simulator" not in output

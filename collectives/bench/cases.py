@@ -9,12 +9,13 @@ of ranks where each rank owns an equal part).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from mpi4py import MPI
 import numpy as np
 
 from ... import collectives as rt
+from .devices import DeviceArrays
 from .options import NATIVE, Options
 
 BUS_FACTORS: dict[str, Callable[[int], float]] = {
@@ -32,7 +33,31 @@ RINGTRAIN_OPS = {"sum": rt.Sum, "prod": rt.Product, "max": rt.Max, "min": rt.Min
                  "avg": rt.Average}
 MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN, "avg": MPI.SUM}
 
-Call = Callable[[], np.ndarray]
+Call = Callable[[], Any]
+"""One call of a collective; returns its result (a numpy array, or a device array)."""
+
+HOST = "host"
+CUDA = "cuda"
+"""Where a variant's buffers are: host memory (numpy) or GPU memory."""
+
+
+class Variant(NamedTuple):
+    """One measured line of the table: an algorithm on buffers in ``memory``."""
+
+    algorithm: str
+    memory: str
+
+
+def variants(options: Options) -> list[Variant]:
+    """What a size is measured with, in table order: each algorithm on host buffers, and
+    for ``--device cuda`` each ringtrain algorithm first on GPU buffers (``native``, MPI's
+    own collective, only on host buffers)."""
+    found = []
+    for algorithm in options.algorithms:
+        if options.device == CUDA and algorithm != NATIVE:
+            found.append(Variant(algorithm, CUDA))
+        found.append(Variant(algorithm, HOST))
+    return found
 
 
 def bus_factor(collective: str, ranks: int) -> float:
@@ -60,8 +85,10 @@ def check_input(rank: int, count: int, dtype: np.dtype, op: str) -> np.ndarray:
 class Case:
     """One collective at one size: its buffers, its calls and their reference results."""
 
-    def __init__(self, options: Options, nbytes: int, comm: MPI.Comm):
+    def __init__(self, options: Options, nbytes: int, comm: MPI.Comm,
+                 device: DeviceArrays | None = None):
         self.options = options
+        self.device = device
         self.comm = comm
         self.rank, self.ranks = comm.Get_rank(), comm.Get_size()
         self.count = element_count(options.collective, nbytes, options.dtype.itemsize,
@@ -73,6 +100,10 @@ class Case:
         self.out = np.zeros(out_count, options.dtype)
         self.work = self._timing_values(self.send)
         self.compression = getattr(rt.Compression, options.compression)
+        if device is not None:
+            self.device_send = device.from_host(self.send)
+            self.device_work = device.from_host(self.work)
+            device.synchronize()
 
     @property
     def in_place(self) -> bool:
@@ -89,18 +120,34 @@ class Case:
         return send.copy()
 
     def reset(self) -> None:
-        """Put the check inputs into the in-place buffer (timing overwrote them)."""
+        """Put the check inputs into the in-place buffers (timing overwrote them)."""
         self.work[...] = self.send
         self.out[...] = 0
+        if self.device is not None:
+            self.device.copy_from_host(self.send, self.device_work)
+            self.device.synchronize()
 
-    def call(self, algorithm: str, in_place: bool) -> Call:
-        """One call of the collective with ``algorithm``, returning its result array."""
+    def call(self, algorithm: str, in_place: bool, memory: str = HOST) -> Call:
+        """One call of the collective with ``algorithm`` on the buffers in ``memory``,
+        returning its result array."""
         if algorithm == NATIVE:
             return self._native(in_place)
-        return self._ringtrain(algorithm, in_place)
+        if memory == CUDA:
+            if self.device is None:
+                raise ValueError("this case has no GPU buffers")
+            return self._ringtrain(algorithm, in_place, self.device_send, self.device_work)
+        return self._ringtrain(algorithm, in_place, self.send, self.work)
 
-    def _ringtrain(self, algorithm: str, in_place: bool) -> Call:
-        o, send, work = self.options, self.send, self.work
+    def host_copy(self, result: Any) -> np.ndarray:
+        """A numpy copy of a call's result, fetched from the GPU if it is there."""
+        if isinstance(result, np.ndarray):
+            return result.copy()
+        if self.device is None:
+            raise TypeError(f"not a numpy array: {type(result).__name__}")
+        return self.device.to_host(result)
+
+    def _ringtrain(self, algorithm: str, in_place: bool, send: Any, work: Any) -> Call:
+        o = self.options
         op = RINGTRAIN_OPS[o.op]
         if o.collective == "allreduce":
             if in_place:

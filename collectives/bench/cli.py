@@ -9,7 +9,8 @@ from mpi4py import MPI
 
 from ... import collectives as rt
 from . import report
-from .cases import Case, bus_factor
+from .cases import CUDA, HOST, Case, Variant, bus_factor, variants
+from .devices import DeviceArrays, NoDevice, open_device
 from .measure import Measurement, measure
 from .options import AUTO_ITERATIONS, AUTO_ROUND_BYTES, NATIVE, Options, parse_options
 
@@ -17,7 +18,8 @@ from .options import AUTO_ITERATIONS, AUTO_ROUND_BYTES, NATIVE, Options, parse_o
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark on every rank; rank 0 prints. Returns 1 if any result was wrong.
 
-    Bad arguments exit with status 2 and a one-line message before any measurement.
+    Bad arguments exit with status 2 and a one-line message before any measurement, and
+    so does ``--device cuda`` where a rank finds no CUDA device.
     """
     options = parse_options(sys.argv[1:] if argv is None else argv)
     rt.init()
@@ -28,14 +30,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"ringtrain-bench: error: root {options.root} is not a rank of {ranks}",
                   file=sys.stderr)
         return 2
-    description = describe(options, ranks)
+    device = None
+    if options.device == CUDA:
+        device = open_devices(options, comm)
+        if device is None:
+            rt.shutdown()
+            return 2
+    description = describe(options, ranks, device)
     with_ratio = NATIVE in options.algorithms and len(options.algorithms) > 1
     if rank == 0:
-        print("\n".join(report.header_lines(description, with_ratio)), flush=True)
+        print("\n".join(report.header_lines(description, with_ratio, device is not None)),
+              flush=True)
     rows: list[report.Row] = []
     factor = bus_factor(options.collective, ranks)
     for nbytes in options.sizes:
-        case = Case(options, nbytes, comm)
+        case = Case(options, nbytes, comm, device)
         for row in rows_of(case, measure(case, options), factor, with_ratio):
             rows.append(row)
             if rank == 0:
@@ -54,28 +63,58 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if wrong else 0
 
 
-def rows_of(case: Case, measured: dict[tuple[str, bool], Measurement], factor: float,
+def open_devices(options: Options, comm: MPI.Comm) -> DeviceArrays | None:
+    """Every rank's GPU buffers for ``--device cuda``, or None on every rank when some
+    rank has no usable device (rank 0 then prints one line saying why)."""
+    try:
+        device, problem = open_device(options.device_library, rt.local_rank()), None
+    except NoDevice as error:
+        device, problem = None, str(error)
+    problems = comm.gather(problem, root=0)
+    failed = comm.bcast(any(problems) if comm.Get_rank() == 0 else None, root=0)
+    if not failed:
+        return device
+    if comm.Get_rank() == 0:
+        failing = [rank for rank, found in enumerate(problems) if found]
+        where = "" if len(failing) == len(problems) else \
+            f"rank{'s' if len(failing) > 1 else ''} {', '.join(map(str, failing))}: "
+        print(f"ringtrain-bench: error: --device cuda: {where}{problems[failing[0]]}",
+              file=sys.stderr, flush=True)
+    return None
+
+
+def rows_of(case: Case, measured: dict[tuple[Variant, bool], Measurement], factor: float,
             with_ratio: bool) -> list[report.Row]:
-    """The table rows of one size: one per algorithm, with both modes and the ratio to
-    ``native`` measured in the same rounds."""
+    """The table rows of one size: one per algorithm (and kind of buffer), with both modes,
+    the ratio to ``native`` and (``--device cuda``) the ratio to the same algorithm on host
+    buffers, all measured in the same rounds."""
     options = case.options
     size = case.count * options.dtype.itemsize
+    on_device = case.device is not None
+
+    def busbw(key: tuple[Variant, bool]) -> float | None:
+        point = measured.get(key)
+        return report.result(size, point.seconds, factor, None, None).busbw \
+            if point else None
+
     rows = []
-    for algorithm in options.algorithms:
+    for variant in variants(options):
         parts = []
         for in_place in (False, True):
-            point = measured.get((algorithm, in_place))
+            point = measured.get((variant, in_place))
             if point is None:
                 parts.append(None)
                 continue
-            baseline = measured.get((NATIVE, in_place)) if with_ratio else None
-            baseline_busbw = report.result(size, baseline.seconds, factor, None, None).busbw \
-                if baseline else None
-            parts.append(report.result(size, point.seconds, factor, point.wrong,
-                                       baseline_busbw))
+            baseline = busbw((Variant(NATIVE, HOST), in_place)) if with_ratio else None
+            part = report.result(size, point.seconds, factor, point.wrong, baseline)
+            if on_device:
+                host = busbw((Variant(variant.algorithm, HOST), in_place))
+                part.host_ratio = part.busbw / host if host else None
+            parts.append(part)
         rows.append(report.Row(size, case.count, options.dtype.name, _redop(options),
                                options.root if options.collective == "broadcast" else -1,
-                               algorithm, parts[0], parts[1]))
+                               variant.algorithm, parts[0], parts[1],
+                               variant.memory if on_device else None))
     return rows
 
 
@@ -83,23 +122,40 @@ def _redop(options: Options) -> str:
     return options.op if options.collective in ("allreduce", "reducescatter") else "none"
 
 
-def describe(options: Options, ranks: int) -> dict[str, str]:
-    """What the header says about the run: versions, ranks, nodes, buffers, method."""
+def describe(options: Options, ranks: int,
+             device: DeviceArrays | None = None) -> dict[str, str]:
+    """What the header says about the run: versions, ranks, nodes, buffers, method
+    (and, with GPU buffers, what made them and whether MPI takes device pointers)."""
     library = MPI.Get_library_version().strip().splitlines()[0].strip()
     calls = options.iterations or (f"{AUTO_ITERATIONS[0]}-{AUTO_ITERATIONS[1]} (enough for "
                                    f"{AUTO_ROUND_BYTES >> 20} MiB)")
     compression = "" if options.compression == "none" else \
         f", {options.compression} compression (native uncompressed)"
-    return {
-        "ringtrain-bench": f"{options.collective}, ringtrain {_version()}",
-        "MPI": library,
-        "ranks": f"{ranks} on {rt.cross_size()} node(s)",
-        "buffers": f"host memory (numpy), {options.dtype.name}{compression}",
-        "method": (f"{options.warmup} warm-up calls, then {options.rounds} rounds of "
-                   f"{calls} calls per algorithm, interleaved; median round; "
-                   f"time averaged over ranks; GB = 1e9 B; '{NATIVE}' is the MPI library's "
-                   f"own collective called directly"),
-    }
+    buffers = f"host memory (numpy), {options.dtype.name}{compression}"
+    if device is not None:
+        buffers = (f"{CUDA}: {device.description}; {HOST}: numpy; "
+                   f"{options.dtype.name}{compression}")
+    method = (f"{options.warmup} warm-up calls, then {options.rounds} rounds of "
+              f"{calls} calls per algorithm, interleaved; median round; "
+              f"time averaged over ranks; GB = 1e9 B; '{NATIVE}' is the MPI library's "
+              f"own collective called directly")
+    description = {"ringtrain-bench": f"{options.collective}, ringtrain {_version()}",
+                   "MPI": library}
+    if device is not None:
+        description["CUDA-aware MPI"] = _cuda_awareness()
+        method += (f" on host buffers; '{report.HOST_RATIO}' is busbw on GPU buffers over "
+                   f"the same algorithm's on host buffers")
+    description.update({"ranks": f"{ranks} on {rt.cross_size()} node(s)",
+                        "buffers": buffers, "method": method})
+    return description
+
+
+def _cuda_awareness() -> str:
+    from ..cuda_aware import cuda_awareness
+    try:
+        return str(cuda_awareness())
+    except ValueError as error:
+        return f"unknown ({error})"
 
 
 def _version() -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from mpi4py import MPI
 
-from .cases import Call, Case
+from .cases import Call, Case, Variant, variants
 from .options import Options, iterations_for
 
 INJECT_WRONG_VARIABLE = "RINGTRAIN_BENCH_INJECT_WRONG"
@@ -34,19 +34,20 @@ def time_per_call(call: Call, iterations: int, comm: MPI.Comm) -> float:
     return comm.allreduce(elapsed, MPI.SUM) / comm.Get_size()
 
 
-def measure(case: Case, options: Options) -> dict[tuple[str, bool], Measurement]:
-    """Time (and check) every requested algorithm on ``case``, out of place and in place.
+def measure(case: Case, options: Options) -> dict[tuple[Variant, bool], Measurement]:
+    """Time (and check) every requested algorithm on ``case``, out of place and in place,
+    on each kind of buffer (:func:`~.cases.variants`).
 
-    Each round runs every algorithm and mode once, one after the other, so that noise
+    Each round runs every variant and mode once, one after the other, so that noise
     on a shared machine hits them alike; the median round is reported.
     """
     modes = (False, True) if case.in_place else (False,)
-    calls = {(algorithm, in_place): case.call(algorithm, in_place)
-             for algorithm in options.algorithms for in_place in modes}
+    calls = {(variant, in_place): case.call(variant.algorithm, in_place, variant.memory)
+             for variant in variants(options) for in_place in modes}
     for call in calls.values():
         for _ in range(options.warmup):
             call()
-    times: dict[tuple[str, bool], list[float]] = {key: [] for key in calls}
+    times: dict[tuple[Variant, bool], list[float]] = {key: [] for key in calls}
     iterations = iterations_for(options, case.count * options.dtype.itemsize)
     for _ in range(options.rounds):
         for key, call in calls.items():
@@ -62,7 +63,7 @@ def count_wrong(case: Case, call: Call) -> int:
     """Wrong elements of one call on the check inputs, summed over ranks."""
     case.reset()
     case.comm.Barrier()
-    result = call().copy()
+    result = case.host_copy(call())
     if os.environ.get(INJECT_WRONG_VARIABLE) == "1" and case.rank == 0 and result.size:
         result.reshape(-1)[0] += 1
     return case.comm.allreduce(case.wrong(result), MPI.SUM)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import ALGORITHMS, parse_size
+from .devices import LIBRARIES
 
 COLLECTIVES = ("allreduce", "broadcast", "allgather", "reducescatter", "alltoall")
 
@@ -48,6 +49,10 @@ class Options:
         algorithms: ringtrain algorithm names and/or ``native``, measured in turn.
         compression: ``none``, ``fp16`` or ``bf16`` (allreduce, float32 only).
         csv, json, plot: output files, or None.
+        device: ``cpu`` (numpy buffers), or ``cuda``: every ringtrain algorithm on GPU
+            buffers and on numpy buffers, ``native`` on numpy buffers.
+        device_library: which library makes the GPU buffers (see
+            :data:`~.devices.LIBRARIES`); ``auto`` for a CPU run.
     """
 
     collective: str
@@ -64,6 +69,8 @@ class Options:
     csv: str | None
     json: str | None
     plot: str | None
+    device: str = "cpu"
+    device_library: str = "auto"
 
 
 def iterations_for(options: Options, nbytes: int) -> int:
@@ -101,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ringtrain-bench",
         description="Collective microbenchmarks: time, algbw and busbw per size, with the "
-                    "MPI library's own collective ('native') measured in the same run.")
+                    "MPI library's own collective ('native') measured in the same run "
+                    "(and, with --device cuda, each algorithm on GPU and on host buffers).")
     parser.add_argument("collective", choices=COLLECTIVES)
     parser.add_argument("-b", "--minbytes", type=_size, default=8,
                         help="smallest size (K/M/G suffixes, binary units; default 8)")
@@ -127,7 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma-separated algorithms (auto, ring, recursive_doubling, "
                              "hierarchical, node_leader, pipeline, binomial, pairwise, "
                              "native; default auto,native)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: numpy buffers; cuda: each algorithm also on GPU buffers, "
+                             "with ratio column xhost = busbw on GPU buffers / busbw of "
+                             "the same algorithm on numpy buffers ('native' stays on host "
+                             "buffers; default cpu)")
+    parser.add_argument("--device-library", choices=LIBRARIES, default="auto",
+                        help="what makes the GPU buffers for --device cuda: CuPy arrays, "
+                             "torch CUDA tensors or numba device arrays (default auto: "
+                             "CuPy if it sees a GPU, else numba)")
     parser.add_argument("--compression", choices=("none", "fp16", "bf16"), default="none")
     parser.add_argument("--csv", metavar="FILE")
     parser.add_argument("--json", metavar="FILE")
@@ -157,9 +173,11 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         parser.error("--compression applies to allreduce of float32 (-d float)")
     if arguments.compression != "none" and arguments.op == "prod":
         parser.error("--compression supports sum, avg, min and max, not prod")
-    if arguments.device == "cuda":
-        parser.error("--device cuda: ringtrain's collectives take host (numpy) buffers in "
-                     "this version; the GPU path is not available yet")
+    if arguments.device == "cuda" and algorithms == (NATIVE,):
+        parser.error("--device cuda measures ringtrain's algorithms on GPU buffers; --algo "
+                     "names only native, which runs on host buffers")
+    if arguments.device != "cuda" and arguments.device_library != "auto":
+        parser.error("--device-library applies to --device cuda")
     if arguments.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib: pip install 'ringtrain[plot]'")
     iterations = 1 if arguments.iters is None else arguments.iters
@@ -171,4 +189,5 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     return Options(arguments.collective, sizes, arguments.iters, arguments.warmup,
                    arguments.rounds, bool(arguments.check), dtype, arguments.op,
                    arguments.root, algorithms, arguments.compression, arguments.csv,
-                   arguments.json, arguments.plot)
+                   arguments.json, arguments.plot, arguments.device,
+                   arguments.device_library)
