@@ -17,7 +17,12 @@ whole rows of the layout's task table.
 
 Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) the same kernel source runs on the
 CPU: loads and stores through raw addresses read host memory there, launches use a few
-threads, and the arrays are the simulator's.
+threads, and the arrays are the simulator's; objects exposing ``__cuda_array_interface__``
+count as device arrays too (their memory is host memory, as the simulated device's is).
+
+Besides the kernels, the few device-memory operations the collectives need live here:
+allocation, pinned host buffers, copies (:class:`CopyEngine` for asynchronous ones),
+stream waits and the current device.
 """
 
 from __future__ import annotations
