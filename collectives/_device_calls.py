@@ -53,11 +53,12 @@ class MPIMemory:
             "typestr": dtype.str, "strides": None, "stream": None}
 
 
-def goes_direct(algorithm: str | None, setting: str, dtype: np.dtype) -> bool:
+def goes_direct(algorithm: str | None, setting: str, reduced: np.dtype | None = None) -> bool:
     """Whether device pointers go to MPI: a CUDA-aware MPI, MPI's own algorithm chosen
-    (``auto`` means it on device memory) and a dtype MPI reduces (not float16)."""
+    (``auto`` means it on device memory) and, for a reduction, a dtype MPI reduces (not
+    float16: MPI has no 16-bit float type)."""
     return world().cuda_aware.aware and (algorithm or setting) in ("auto", "native") and \
-        dtype != np.float16
+        reduced != np.float16
 
 
 def _scaled(source: Any, factor: float, target: Any) -> Any:
@@ -297,7 +298,7 @@ def broadcast(tensor: DeviceTensor, root_rank: Any, name: str | None,
     """The body of a broadcast of device ``tensor``: MPI's own on device memory when MPI
     is CUDA-aware, else ``host`` (the host collective) on a pinned copy."""
     from ._broadcast import root_in_group
-    if not goes_direct(algorithm, current_settings().broadcast_algorithm, tensor.dtype):
+    if not goes_direct(algorithm, current_settings().broadcast_algorithm):
         return staged(tensor, in_place, host)
     collective = "broadcast_" if in_place else "broadcast"
     check_dtype(tensor.dtype, COPY_DTYPES, collective, name)
@@ -325,7 +326,7 @@ def broadcast(tensor: DeviceTensor, root_rank: Any, name: str | None,
 def allgather(tensor: DeviceTensor, name: str | None, process_set: ProcessSet | None,
               algorithm: str | None, host: HostCollective) -> Callable[[], Any]:
     """The body of an allgather of device ``tensor`` (see :func:`broadcast`)."""
-    if not goes_direct(algorithm, current_settings().allgather_algorithm, tensor.dtype):
+    if not goes_direct(algorithm, current_settings().allgather_algorithm):
         return staged(tensor, False, host)
     check_dtype(tensor.dtype, COPY_DTYPES, "allgather", name)
     group = resolve_group(process_set, "allgather", name)
@@ -358,7 +359,7 @@ def alltoall(tensor: DeviceTensor, splits: Any, name: str | None,
              host: HostCollective) -> Callable[[], Any]:
     """The body of an alltoall of device ``tensor`` (see :func:`broadcast`)."""
     from ._alltoall import check_splits
-    if not goes_direct(algorithm, current_settings().alltoall_algorithm, tensor.dtype):
+    if not goes_direct(algorithm, current_settings().alltoall_algorithm):
         return staged(tensor, False, host)
     check_dtype(tensor.dtype, COPY_DTYPES, "alltoall", name)
     if not tensor.shape:
