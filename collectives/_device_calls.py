@@ -178,7 +178,7 @@ def _reduce_compressed(group: Group, algorithm: str, compressor: Compressor, sou
     """Cast to the wire format on the GPU, reduce the 16-bit values through host
     memory, cast back on the GPU with the scales fused into the casts."""
     size = device.byte_view(source).size // 4
-    wire = scratch(ordinal, size, compressor.wire_dtype)
+    wire = scratch("wire", ordinal, size, compressor.wire_dtype)
     with phase("compress", bytes=size * 4, format=compressor.name, device=True):
         compressor.encode(source, wire, encode_scale, key=name)
         _synchronized(wire)
@@ -248,7 +248,8 @@ def grouped_allreduce(tensors: list[DeviceTensor], op: Any, name: str | None,
                 tensor.wait_for_producer()
             buffers, local_max, nonfinite = {}, 0.0, False
             for dtype, part in parts.items():
-                buffer = buffers[dtype] = scratch(ordinal, part.layout.total_size, dtype)
+                buffer = buffers[dtype] = scratch("fusion", ordinal, part.layout.total_size,
+                                                  dtype)
                 with phase("pack", bytes=part.layout.nbytes, tensors=len(part.members),
                            device=True):
                     pack(part.layout, [tensors[i].memory for i in part.members], buffer,
@@ -417,7 +418,7 @@ def reducescatter(tensor: DeviceTensor, op: Any, name: str | None, prescale_fact
             source = tensor.memory
             if prescale_factor != 1.0:
                 source = _synchronized(_scaled(source, prescale_factor,
-                                               scratch(tensor.device, tensor.size,
+                                               scratch("prescaled", tensor.device, tensor.size,
                                                        tensor.dtype)))
             out = tensor.new((rows[group.rank + 1] - rows[group.rank], *tensor.shape[1:]))
             if group.size == 1:

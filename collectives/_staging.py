@@ -59,13 +59,14 @@ class PinnedPool:
 
 POOL = PinnedPool()
 _engines: dict[int, device.CopyEngine] = {}
-_scratch: dict[tuple[int, np.dtype], Any] = {}
+_scratch: dict[tuple[str, int, np.dtype], Any] = {}
 
 
-def scratch(ordinal: int, size: int, dtype: Any) -> Any:
+def scratch(use: str, ordinal: int, size: int, dtype: Any) -> Any:
     """A device buffer of ``size`` elements of ``dtype`` on device ``ordinal`` (made
-    current by the caller), reused by later calls: valid until the call returns."""
-    key = (ordinal, np.dtype(dtype))
+    current by the caller) for ``use`` (buffers of different uses never alias), reused
+    by later calls: valid until the call returns."""
+    key = (use, ordinal, np.dtype(dtype))
     buffer = _scratch.get(key)
     if buffer is None or buffer.size < size:
         buffer = _scratch[key] = device.empty((max(size, 1),), dtype)
@@ -101,13 +102,13 @@ def through_host(group: Group, algorithm: str, source: Any, result: Any, dtype: 
     if nbytes == 0:
         return
     buffer = POOL.take(nbytes)
+    engine = copy_engine(ordinal)
     try:
         host = buffer[:nbytes]
         down, up = device.byte_view(source), device.byte_view(result)
-        engine = copy_engine(ordinal)
         step = max(dtype.itemsize, PIPELINE_BYTES // dtype.itemsize * dtype.itemsize)
         bounds = list(range(0, nbytes, step)) + [nbytes]
-        pieces = list(zip(bounds, bounds[1:])) or [(0, 0)]
+        pieces = list(zip(bounds, bounds[1:]))
         copied = [engine.to_host(down[slice(*pieces[0])], host[slice(*pieces[0])])]
         for index, (start, end) in enumerate(pieces):
             with phase("copy to host", bytes=end - start):
@@ -122,6 +123,7 @@ def through_host(group: Group, algorithm: str, source: Any, result: Any, dtype: 
         with phase("copy to device", bytes=nbytes):
             engine.finish()
     finally:
+        engine.finish()  # no copy may still use the buffer once it is given back
         POOL.give(buffer)
 
 

@@ -195,10 +195,11 @@ def compression_casts_on_the_device():
 @check
 def grouped_allreduce_fuses_on_the_device():
     ranks, me = range(rt.size()), rt.rank()
-    shapes = [(3, 4), (5,), (), (0,), (7,)]
-    dtypes = [np.float32, np.float64, np.float32, np.int32, np.float32]
+    # float16 tensors share their dtype with the fp16 wire format
+    shapes = [(3, 4), (5,), (), (0,), (7,), (6,), (4,)]
+    dtypes = [np.float32, np.float64, np.float32, np.int32, np.float32, np.float16, np.int16]
     for kind, down, up, result_type in each_kind():
-        for compression in (Compression.none, Compression.fp16):
+        for compression in (Compression.none, Compression.fp16, Compression.bf16):
             mine = [make_input(me, s, d, rt.Sum, "grouped", i)
                     for i, (s, d) in enumerate(zip(shapes, dtypes))]
             expected = [reduce_reference(all_inputs(ranks, s, d, rt.Sum, "grouped", i), rt.Sum)
@@ -213,7 +214,7 @@ def grouped_allreduce_fuses_on_the_device():
                                                                     expected)):
                 assert_kind(result, result_type, what)
                 dtype = np.dtype(dtypes[index])
-                if compression is Compression.fp16 and dtype == np.float32:
+                if compression is not Compression.none and dtype == np.float32:
                     assert np.allclose(up(result), reference, rtol=1e-2, atol=1e-2), what
                     assert np.allclose(up(tensor), reference, rtol=1e-2, atol=1e-2), what
                 else:
