@@ -70,14 +70,21 @@ def _replay(group: Group, fields: dict[str, Any]) -> None:
         agree(group, Call(collective="barrier", name=None))
         return
     compressor = _COMPRESSORS[fields["compression"]]
+    zeros = _zeros_on_device if "memory" in fields else np.zeros
     if collective == "allreduce":
-        zeros = np.zeros(fields["shape"], fields["dtype"])
-        _prepare(zeros, fields["op"], fields["name"], 1.0, 1.0, None, fields["algorithm"],
-                 compressor, in_place=True)()
+        _prepare(zeros(fields["shape"], fields["dtype"]), fields["op"], fields["name"], 1.0,
+                 1.0, None, fields["algorithm"], compressor, in_place=True)()
         return
-    zeros_list = [np.zeros(shape, dtype)
-                  for shape, dtype in zip(fields["shape"], fields["dtype"])]
+    zeros_list = [zeros(shape, dtype) for shape, dtype in zip(fields["shape"], fields["dtype"])]
     algorithms = set(fields["algorithm"])
     algorithm = algorithms.pop() if len(algorithms) == 1 else None
     _prepare_grouped(zeros_list, fields["op"], fields["name"], 1.0, 1.0, None, algorithm,
                      compressor, in_place=True)()
+
+
+def _zeros_on_device(shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    """Zeros in GPU memory, for a call the others make on device tensors: it then travels
+    the way theirs does (through host memory in the same segments, or to MPI directly)."""
+    from ..kernels import device
+    with device.on_device(world().gpu.device or 0):
+        return device.zeros(None, shape, dtype)

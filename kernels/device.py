@@ -544,8 +544,12 @@ def empty_like(array: Any, dtype: Any) -> Any:
 
 
 def zeros(like: Any, shape: Sequence[int], dtype: Any) -> Any:
-    """A new zeroed device array of ``shape`` and ``dtype``, on ``like``'s stream."""
-    return cuda.to_device(np.zeros(tuple(shape), np.dtype(dtype)), stream=_stream(like))
+    """A new zeroed device array of ``shape`` and ``dtype``, on ``like``'s stream (the
+    default stream when ``like`` is None); ready when this returns."""
+    stream = cuda.default_stream() if like is None else _stream(like)
+    array = cuda.to_device(np.zeros(tuple(shape), np.dtype(dtype)), stream=stream)
+    stream.synchronize()
+    return array
 
 
 def zeros_like(array: Any) -> Any:

@@ -362,5 +362,38 @@ def ops_in_flight_keep_their_order():
                                np.dtype(np.float32), f"{kind} async {i}")
 
 
+@check(min_size=2)
+def joined_rank_takes_part_with_device_zeros():
+    """A rank that joined replays the others' device calls the way they travel (here in
+    several pipeline segments)."""
+    import ringtrain.collectives as rtc
+    from ringtrain.collectives import _staging
+    k, me = rt.size(), rt.rank()
+    saved = _staging.PIPELINE_BYTES
+    _staging.PIPELINE_BYTES = 4096
+    try:
+        for kind, down, up, _ in each_kind():
+            first = k - 1
+            active = [r for r in range(k) if r != first]
+            if me != first:
+                for compression in (Compression.none, Compression.fp16):
+                    key = ("device join", kind, compression.name)
+                    mine = make_input(me, (3000,), np.float32, rt.Sum, *key)
+                    expected = reduce_reference(
+                        [make_input(r, (3000,), np.float32, rt.Sum, *key) for r in active],
+                        rt.Sum)
+                    got = up(rt.allreduce(down(mine), op=rt.Sum, name="j",
+                                          compression=compression))
+                    tolerance = 1e-5 if compression is Compression.none else 1e-2
+                    assert np.allclose(got, expected, rtol=tolerance, atol=tolerance), kind
+                grouped = rt.grouped_allreduce([down(np.ones(7, np.float32)),
+                                                down(np.ones(2, np.int64))], op=rt.Sum)
+                assert [up(g).tolist() for g in grouped] == \
+                    [[k - 1.0] * 7, [k - 1] * 2], kind
+            assert rtc.join() == (max(active) if me != first or k > 1 else me)
+    finally:
+        _staging.PIPELINE_BYTES = saved
+
+
 if __name__ == "__main__":
     main()
