@@ -1,4 +1,5 @@
-"""Collectives over MPI for host (numpy) arrays: ringtrain's own algorithms, Horovod's names."""
+"""Collectives over MPI for host arrays and device tensors (torch, CuPy, numba):
+ringtrain's own algorithms, Horovod's names."""
 
 from ..kernels.compression import (BF16Compressor, Compression, Compressor, FP16Compressor,
                                    NoneCompressor)

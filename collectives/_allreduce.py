@@ -38,8 +38,10 @@ def allreduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | N
     """Combine ``tensor`` over all ranks; return the result as a new array.
 
     Args:
-        tensor: this rank's array (any shape, a supported dtype); non-contiguous arrays
-            are copied first.
+        tensor: this rank's array (any shape, a supported dtype): a numpy array, a torch
+            tensor (CPU or CUDA), a CuPy or numba device array; the result is of the same
+            kind, on the same device (see docs/gpu.md). Non-contiguous arrays are copied
+            first.
         op: Average (default), Sum, Min, Max or Product. Average of integers is refused.
         name: names the tensor in error messages; must be the same on every rank.
         prescale_factor: multiplies the input before the reduction (floating dtypes).
