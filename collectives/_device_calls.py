@@ -131,6 +131,11 @@ def reduce_planned_on_device(plan: Any, collective: str, name: str | None, sourc
     elif compressor is None:
         agree(group, plan.call)
         start = _synchronized(_scaled(source, prescale_factor, target))
+        if group.size == 1:  # nothing to exchange: the result never leaves the GPU
+            if start is not target:
+                _copy(start, target)
+            _finish(target, divisor, postscale_factor)
+            return
         through_host(group, plan.algorithm, start, target, dtype, plan.op, plan.combine,
                      plan.finish, settings.segment_bytes, None, plan.layout, ordinal)
     else:
@@ -182,9 +187,10 @@ def _reduce_compressed(group: Group, algorithm: str, compressor: Compressor, sou
     with phase("compress", bytes=size * 4, format=compressor.name, device=True):
         compressor.encode(source, wire, encode_scale, key=name)
         _synchronized(wire)
-    through_host(group, algorithm, wire, wire, compressor.wire_dtype, op,
-                 reducer(op.value, compressor.wire_dtype, compressor.encoding), None,
-                 segment_bytes, compressor.encoding, layout, ordinal)
+    if group.size > 1:
+        through_host(group, algorithm, wire, wire, compressor.wire_dtype, op,
+                     reducer(op.value, compressor.wire_dtype, compressor.encoding), None,
+                     segment_bytes, compressor.encoding, layout, ordinal)
     with phase("decompress", bytes=size * 4, format=compressor.name, device=True):
         compressor.decode(wire, target, decode_scale)
         _synchronized(target)
@@ -275,7 +281,7 @@ def grouped_allreduce(tensors: list[DeviceTensor], op: Any, name: str | None,
                 elif direct:
                     _mpi_allreduce(group, _synchronized(buffer), buffer, op)
                     _finish(buffer, divisor, 1.0)
-                else:
+                elif group.size > 1:
                     through_host(group, chosen[dtype], _synchronized(buffer), buffer, dtype, op,
                                  reducer(op.value, dtype), finisher(divisor, 1.0),
                                  settings.segment_bytes, None, layout, ordinal)
