@@ -26,17 +26,21 @@ from ._tracing import phase
 PIPELINE_BYTES = 4 << 20
 """Segment of the copy/reduce pipeline: big enough that a copy runs at full link speed,
 small enough that the first copy and the last one hide little of the reduction."""
+PIPELINE_SLOTS = 3
+"""Pinned segment buffers of the pipeline: one copied down, one reduced, one copied up."""
 
 
 class PinnedPool:
     """Pinned host buffers kept for reuse, by power-of-two size class.
 
-    Pinning memory costs about as much as copying it once, so buffers are kept;
-    at most ``per_class`` free ones of each size.
+    Pinning memory costs about as much as copying it once, so buffers are kept: at most
+    ``per_class`` free ones of each size, none larger than ``largest_kept`` bytes (page-
+    locked memory is taken from the whole machine).
     """
 
-    def __init__(self, per_class: int = 2):
+    def __init__(self, per_class: int = 2, largest_kept: int = 64 << 20):
         self.per_class = per_class
+        self.largest_kept = largest_kept
         self._free: dict[int, list[np.ndarray]] = {}
         self._lock = threading.Lock()
 
@@ -51,6 +55,8 @@ class PinnedPool:
 
     def give(self, buffer: np.ndarray) -> None:
         """Return a buffer from :meth:`take`."""
+        if buffer.nbytes > self.largest_kept:
+            return
         with self._lock:
             free = self._free.setdefault(buffer.nbytes, [])
             if len(free) < self.per_class:
@@ -94,32 +100,44 @@ def through_host(group: Group, algorithm: str, source: Any, result: Any, dtype: 
     """Reduce device ``source`` into device ``result`` (may be it) across ranks, through
     pinned host memory in pipelined segments; returns once ``result`` is written.
 
-    The arguments after ``dtype`` are those of the host reduction
-    (:func:`._allreduce.reduce_flat`), which runs on each segment.
+    Segments rotate through :data:`PIPELINE_SLOTS` pinned buffers, so the host memory
+    used is a few segments whatever the size: while segment k is reduced across ranks,
+    segment k+1 is copied down and segment k-1 up. The arguments after ``dtype`` are
+    those of the host reduction (:func:`._allreduce.reduce_flat`), run on each segment.
     """
     from ._allreduce import reduce_flat
     nbytes = device.byte_view(source).size
     if nbytes == 0:
         return
-    buffer = POOL.take(nbytes)
+    step = max(dtype.itemsize, PIPELINE_BYTES // dtype.itemsize * dtype.itemsize)
+    bounds = list(range(0, nbytes, step)) + [nbytes]
+    pieces = list(zip(bounds, bounds[1:]))
+    slots = min(PIPELINE_SLOTS, len(pieces))
+    buffer = POOL.take(slots * step)
+    hosts = [buffer[slot * step:(slot + 1) * step] for slot in range(slots)]
+    uploaded: list[Any] = [None] * slots
+    down, up = device.byte_view(source), device.byte_view(result)
     engine = copy_engine(ordinal)
+
+    def copy_down(index: int) -> Any:
+        slot = index % slots
+        if uploaded[slot] is not None:  # the slot's last segment must be on its way up
+            uploaded[slot].synchronize()
+        start, end = pieces[index]
+        return engine.to_host(down[start:end], hosts[slot][:end - start])
+
     try:
-        host = buffer[:nbytes]
-        down, up = device.byte_view(source), device.byte_view(result)
-        step = max(dtype.itemsize, PIPELINE_BYTES // dtype.itemsize * dtype.itemsize)
-        bounds = list(range(0, nbytes, step)) + [nbytes]
-        pieces = list(zip(bounds, bounds[1:]))
-        copied = [engine.to_host(down[slice(*pieces[0])], host[slice(*pieces[0])])]
+        copied = copy_down(0)
         for index, (start, end) in enumerate(pieces):
             with phase("copy to host", bytes=end - start):
-                copied[index].synchronize()
+                copied.synchronize()
             if index + 1 < len(pieces):
-                following = slice(*pieces[index + 1])
-                copied.append(engine.to_host(down[following], host[following]))
-            values = host[start:end].view(dtype)
+                copied = copy_down(index + 1)
+            host = hosts[index % slots][:end - start]
+            values = host.view(dtype)
             reduce_flat(group, algorithm, values, values, op, combine, finish, segment_bytes,
                         encoding, layout)
-            engine.to_device(host[start:end], up[start:end])
+            uploaded[index % slots] = engine.to_device(host, up[start:end])
         with phase("copy to device", bytes=nbytes):
             engine.finish()
     finally:

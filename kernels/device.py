@@ -623,9 +623,13 @@ class CopyEngine:
         done.record(self._down)
         return done
 
-    def to_device(self, host_bytes: np.ndarray, device_bytes: Any) -> None:
-        """Queue a host-to-device copy (the host buffer must stay until :meth:`finish`)."""
+    def to_device(self, host_bytes: np.ndarray, device_bytes: Any) -> Any:
+        """Queue a host-to-device copy; returns an event to ``synchronize()`` on before
+        the host buffer is written again."""
         device_bytes.copy_to_device(host_bytes, stream=self._up)
+        done = cuda.event()
+        done.record(self._up)
+        return done
 
     def finish(self) -> None:
         """Wait for every queued copy."""

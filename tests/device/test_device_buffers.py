@@ -119,5 +119,9 @@ def test_the_pinned_pool_reuses_buffers_by_size_class(device_mode):
     pool.give(first)
     pool.give(second)  # one free buffer per class is kept: this one is dropped
     assert pool.take(8000) is first and pool.take(8000) is not second
+    large = PinnedPool(largest_kept=8192)
+    big = large.take(8193)
+    large.give(big)
+    assert large.take(8193) is not big
     shaped = host_array(first, (2, 3), np.dtype(np.float32))
     assert shaped.shape == (2, 3) and np.shares_memory(shaped, first)
