@@ -21,7 +21,8 @@ MPIX_GPU_SUPPORT_CUDA = 0
 """MPICH's ``MPIX_GPU_SUPPORT_CUDA`` (mpi.h)."""
 
 _MPI_LIBRARY = re.compile(r"^libmpi(_[A-Za-z0-9_]+)?\.so")
-_ANSWERS = {"1": True, "yes": True, "true": True, "0": False, "no": False, "false": False}
+SWITCH_VALUES = {"1": True, "yes": True, "true": True, "0": False, "no": False, "false": False}
+"""What an on/off environment variable may hold (lower case), and what it means."""
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,8 @@ def cuda_awareness(environ: Mapping[str, str] | None = None,
     """
     value = (os.environ if environ is None else environ).get(CUDA_AWARE_VARIABLE, "").strip()
     if value:
-        if value.lower() not in _ANSWERS:
+        if value.lower() not in SWITCH_VALUES:
             raise ValueError(f"{CUDA_AWARE_VARIABLE}={value!r}: use 1 (MPI takes device "
                              f"pointers) or 0 (stage through host memory)")
-        return CudaAwareness(_ANSWERS[value.lower()], f"{CUDA_AWARE_VARIABLE}={value}")
+        return CudaAwareness(SWITCH_VALUES[value.lower()], f"{CUDA_AWARE_VARIABLE}={value}")
     return query_mpi_library(paths)

@@ -23,10 +23,11 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from .cuda_aware import SWITCH_VALUES
+
 GPU_CHOICE_VARIABLE = "RINGTRAIN_GPU_BY_LOCAL_RANK"
 LIBCUDA = "libcuda.so.1"
 
-_ANSWERS = {"1": True, "yes": True, "true": True, "0": False, "no": False, "false": False}
 _CONTEXT = ctypes.c_void_p  # CUcontext (a pointer to an opaque struct)
 _DEVICE = ctypes.c_int  # CUdevice
 _SIGNATURES = {  # every entry returns a CUresult (0 is CUDA_SUCCESS)
@@ -158,10 +159,10 @@ def _enabled(environ: Mapping[str, str] = os.environ) -> bool:
     value = environ.get(GPU_CHOICE_VARIABLE, "").strip()
     if not value:
         return True
-    if value.lower() not in _ANSWERS:
+    if value.lower() not in SWITCH_VALUES:
         raise ValueError(f"{GPU_CHOICE_VARIABLE}={value!r}: use 1 (each rank uses the GPU "
                          f"at its local rank) or 0 (leave the choice to the application)")
-    return _ANSWERS[value.lower()]
+    return SWITCH_VALUES[value.lower()]
 
 
 def _torch_choice() -> GpuChoice | None:
