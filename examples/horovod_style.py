@@ -11,7 +11,9 @@ its shard (``DistributedSampler`` with ``hvd.size()`` replicas), the learning ra
 scaled by the number of batches in a step (``hvd.size()`` times
 ``--batches-per-allreduce``), rank 0's weights and optimizer state are broadcast before
 training, and the held-out accuracy is averaged over the ranks with ``hvd.allreduce``.
-Rank 0 prints a line per epoch and a last line ``N ranks: final accuracy ...``.
+With a GPU (unless ``--no-cuda``) each rank trains on the GPU at its local rank, as
+Horovod's examples do. Rank 0 prints a line per epoch and a last line ``N ranks: final
+accuracy ...``.
 """
 
 import argparse
@@ -45,7 +47,10 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--batches-per-allreduce", type=int, default=1,
                         help="local backward passes per optimizer step")
     parser.add_argument("--seed", type=int, default=42)
-    return parser.parse_args()
+    parser.add_argument("--no-cuda", action="store_true", help="train on the CPU")
+    arguments = parser.parse_args()
+    arguments.cuda = not arguments.no_cuda and torch.cuda.is_available()
+    return arguments
 
 
 def make_datasets(samples: int, seed: int) -> tuple[TensorDataset, TensorDataset]:
@@ -78,12 +83,14 @@ def metric_average(value: float, name: str) -> float:
     return hvd.allreduce(torch.tensor(value), name=name).item()
 
 
-def train(epoch, model, optimizer, loader, sampler, batches_per_allreduce):
+def train(epoch, model, optimizer, loader, sampler, batches_per_allreduce, cuda):
     model.train()
     sampler.set_epoch(epoch)
     total = 0.0
     optimizer.zero_grad()
     for index, (data, target) in enumerate(loader, 1):
+        if cuda:
+            data, target = data.cuda(), target.cuda()
         loss = F.cross_entropy(model(data), target)
         (loss / batches_per_allreduce).backward()
         if index % batches_per_allreduce == 0 or index == len(loader):
@@ -93,11 +100,13 @@ def train(epoch, model, optimizer, loader, sampler, batches_per_allreduce):
     return metric_average(total / len(loader), "avg_loss")
 
 
-def test(model, loader):
+def test(model, loader, cuda):
     model.eval()
     correct = 0
     with torch.no_grad():
         for data, target in loader:
+            if cuda:
+                data, target = data.cuda(), target.cuda()
             correct += (model(data).argmax(dim=1) == target).sum().item()
     return metric_average(correct / len(loader.sampler), "avg_accuracy")
 
@@ -105,6 +114,8 @@ def test(model, loader):
 def main() -> None:
     args = parse_arguments()
     hvd.init()
+    if args.cuda:  # ranks share the GPUs when there are fewer GPUs than ranks
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     torch.manual_seed(args.seed + hvd.rank())  # different weights until the broadcast
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // hvd.local_size()))
 
@@ -116,6 +127,8 @@ def main() -> None:
     test_loader = DataLoader(test_set, batch_size=1000, sampler=test_sampler)
 
     model = Net()
+    if args.cuda:
+        model.cuda()
     # The global batch is hvd.size() * batches_per_allreduce times larger: so is the rate.
     optimizer = torch.optim.SGD(model.parameters(),
                                 lr=args.lr * hvd.size() * args.batches_per_allreduce,
@@ -130,14 +143,15 @@ def main() -> None:
     start = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
         loss = train(epoch, model, optimizer, train_loader, train_sampler,
-                     args.batches_per_allreduce)
-        accuracy = test(model, test_loader)
+                     args.batches_per_allreduce, args.cuda)
+        accuracy = test(model, test_loader, args.cuda)
         if hvd.rank() == 0:
             print(f"epoch {epoch}: loss {loss:.4f}, accuracy {accuracy:.3f}", flush=True)
     if hvd.rank() == 0:
         print(f"{hvd.size()} ranks: final accuracy {accuracy:.3f}, "
               f"{time.perf_counter() - start:.1f} s, "
-              f"compression {'fp16' if args.fp16_allreduce else 'none'}", flush=True)
+              f"compression {'fp16' if args.fp16_allreduce else 'none'}, "
+              f"{'GPU' if args.cuda else 'CPU'}", flush=True)
 
 
 if __name__ == "__main__":
