@@ -453,13 +453,71 @@ def finisher(divisor: int, postscale_factor: float) -> Finish | None:
     return finish
 
 
+class GroupedCall:
+    """A grouped allreduce of arrays like ``arrays`` (anything with ``shape`` and
+    ``dtype``), validated, and its signature.
+
+    Attributes:
+        op, compression, group, settings, layout: the call's, resolved.
+        members: the indices of the arrays of each dtype, in order.
+        fusion: the fusion layout of each dtype's arrays.
+        compressors: the compressor that encodes each dtype, or None.
+        chosen: the algorithm of each dtype's fused buffer (``algorithm`` for all when
+            given, else as ``auto`` or the requested one chooses by size).
+        call: the signature the ranks compare, with ``memory`` when given.
+
+    Raises:
+        What :func:`grouped_allreduce` raises before any communication.
+    """
+
+    def __init__(self, arrays: Sequence[Any], op: Any, name: str | None,
+                 prescale_factor: float, postscale_factor: float,
+                 process_set: ProcessSet | None, algorithm: str | None, compression: Any,
+                 collective: str, memory: str | None = None,
+                 forced_algorithm: str | None = None):
+        self.op = resolve_op(op, collective, name)
+        for array in arrays:
+            check_reduction(array, self.op, name, prescale_factor, postscale_factor,
+                            collective)
+        self.compression = check_compression(compression, collective, name)
+        self.group = resolve_group(process_set, collective, name)
+        self.settings = current_settings()
+        self.layout = layout_of(self.group, self.settings)
+        self.members: dict[np.dtype, list[int]] = {}
+        for index, array in enumerate(arrays):
+            self.members.setdefault(np.dtype(array.dtype), []).append(index)
+        self.fusion = {dtype: FusionLayout.of([arrays[i] for i in members])
+                       for dtype, members in self.members.items()}
+        self.compressors = {dtype: active_compressor(self.compression, dtype, self.op,
+                                                     collective, name)
+                            for dtype in self.members}
+        self.chosen = {dtype: forced_algorithm or allreduce_algorithm(
+            algorithm, self._wire_bytes(dtype), self.group.size, self.settings, name,
+            self.layout) for dtype in self.members}
+        hierarchical = next((c for c in self.chosen.values() if c in HIERARCHICAL), "")
+        self.call = Call(collective="grouped_allreduce", name=name, op=self.op.name,
+                         dtype=tuple(np.dtype(a.dtype) for a in arrays),
+                         shape=tuple(tuple(a.shape) for a in arrays),
+                         algorithm=tuple(self.chosen[np.dtype(a.dtype)] for a in arrays),
+                         segment_bytes=self.settings.segment_bytes,
+                         compression=self.compression.name,
+                         **({"memory": memory} if memory else {}),
+                         **layout_field(self.layout, hierarchical))
+
+    def _wire_bytes(self, dtype: np.dtype) -> int:
+        """Bytes on the wire of one dtype's fused buffer."""
+        compressor = self.compressors[dtype]
+        return self.fusion[dtype].total_size * \
+            (compressor.wire_dtype.itemsize if compressor else dtype.itemsize)
+
+
 class _Fused:
     """One dtype's share of a grouped allreduce: its tensors, layout and buffers."""
 
-    def __init__(self, members: list[int], arrays: list[np.ndarray],
+    def __init__(self, members: list[int], layout: FusionLayout,
                  compressor: Compressor | None):
         self.members = members
-        self.layout = FusionLayout.of([arrays[i] for i in members])
+        self.layout = layout
         self.buffer = self.layout.empty_buffer()
         self.compressor = compressor
         self.wire = np.empty(self.layout.total_size, compressor.wire_dtype) \
@@ -483,27 +541,13 @@ def _prepare_grouped(tensors: Sequence[Any], op: Any, name: str | None,
                                                compression, in_place)
     convert = in_place_array if in_place else input_array
     arrays = [convert(t, collective, name) for t in tensors]
-    op = resolve_op(op, collective, name)
-    for array in arrays:
-        check_reduction(array, op, name, prescale_factor, postscale_factor, collective)
-    compression = check_compression(compression, collective, name)
-    group = resolve_group(process_set, collective, name)
-    settings = current_settings()
-    layout = layout_of(group, settings)
-    by_dtype: dict[np.dtype, list[int]] = {}
-    for index, array in enumerate(arrays):
-        by_dtype.setdefault(array.dtype, []).append(index)
-    fused = {dtype: _Fused(members, arrays,
-                           active_compressor(compression, dtype, op, collective, name))
-             for dtype, members in by_dtype.items()}
-    chosen = {dtype: allreduce_algorithm(algorithm, part.wire.nbytes, group.size, settings,
-                                         name, layout) for dtype, part in fused.items()}
-    call = Call(collective="grouped_allreduce", name=name, op=op.name,
-                dtype=tuple(a.dtype for a in arrays), shape=tuple(a.shape for a in arrays),
-                algorithm=tuple(chosen[a.dtype] for a in arrays),
-                segment_bytes=settings.segment_bytes, compression=compression.name,
-                **layout_field(layout, next((c for c in chosen.values() if c in HIERARCHICAL),
-                                            "")))
+    grouped = GroupedCall(arrays, op, name, prescale_factor, postscale_factor, process_set,
+                          algorithm, compression, collective)
+    op, compression, group, settings, layout, chosen, call = (
+        grouped.op, grouped.compression, grouped.group, grouped.settings, grouped.layout,
+        grouped.chosen, grouped.call)
+    fused = {dtype: _Fused(members, grouped.fusion[dtype], grouped.compressors[dtype])
+             for dtype, members in grouped.members.items()}
     divisor = group.size if op is ReduceOp.Average else 1
     compressed = [part for part in fused.values() if part.compressor is not None]
     ranged = any(part.compressor.needs_range for part in compressed)

@@ -17,8 +17,8 @@ from typing import Any
 from mpi4py import MPI
 import numpy as np
 
-from ..kernels import (Compressor, FusionLayout, abs_max, device, divide_into, pack, reducer,
-                       scale_into, unpack)
+from ..kernels import (Compressor, abs_max, device, divide_into, pack, reducer, scale_into,
+                       unpack)
 from ._agreement import Call, agree
 from ._buffers import DeviceTensor
 from ._group import Group
@@ -26,9 +26,7 @@ from ._native import MPI_OPS
 from ._ops import COPY_DTYPES, ReduceOp, check_dtype, resolve_op
 from ._process_sets import ProcessSet, resolve_group
 from ._ring import chunk_bounds
-from ._selection import allreduce_algorithm
 from ._staging import scratch, staged, through_host
-from ._topology import HIERARCHICAL, layout_of
 from ._tracing import phase
 from ._world import world
 from .config import current_settings
@@ -196,55 +194,30 @@ def _reduce_compressed(group: Group, algorithm: str, compressor: Compressor, sou
         _synchronized(target)
 
 
-class _Part:
-    """One dtype's share of a grouped allreduce on the device."""
-
-    def __init__(self, members: list[int], tensors: list[DeviceTensor],
-                 compressor: Compressor | None):
-        self.members = members
-        self.layout = FusionLayout.of([tensors[i] for i in members])
-        self.compressor = compressor
-
-
 def grouped_allreduce(tensors: list[DeviceTensor], op: Any, name: str | None,
                       prescale_factor: float, postscale_factor: float,
                       process_set: ProcessSet | None, algorithm: str | None,
                       compression: Any, in_place: bool) -> Callable[[], list[Any]]:
     """The body of a grouped allreduce of device tensors: one fused buffer per dtype,
     packed and unpacked on the GPU in one launch each."""
-    from ._allreduce import (active_compressor, check_compression, check_reduction,
-                             finisher, layout_field, warn_nonfinite)
+    from ._allreduce import GroupedCall, finisher, warn_nonfinite
     collective = "grouped_allreduce_" if in_place else "grouped_allreduce"
     if len({t.device for t in tensors}) > 1:
         raise InvalidArgumentError(
             f"{subject(collective, name)}: the tensors are on different GPUs "
             f"({sorted({t.device for t in tensors})}); group the tensors of one GPU")
-    op = resolve_op(op, collective, name)
-    for tensor in tensors:
-        check_reduction(tensor, op, name, prescale_factor, postscale_factor, collective)
-    compression = check_compression(compression, collective, name)
-    group = resolve_group(process_set, collective, name)
-    settings = current_settings()
-    layout = layout_of(group, settings)
-    by_dtype: dict[np.dtype, list[int]] = {}
-    for index, tensor in enumerate(tensors):
-        by_dtype.setdefault(tensor.dtype, []).append(index)
-    parts = {dtype: _Part(members, tensors,
-                          active_compressor(compression, dtype, op, collective, name))
-             for dtype, members in by_dtype.items()}
-    compressed = [part for part in parts.values() if part.compressor is not None]
+    arguments = (tensors, op, name, prescale_factor, postscale_factor, process_set,
+                 algorithm, compression, collective)
+    grouped = GroupedCall(*arguments, memory=STAGED)
+    compressed = any(c is not None for c in grouped.compressors.values())
     direct = not compressed and all(
-        goes_direct(algorithm, settings.allreduce_algorithm, dtype) for dtype in parts)
-    chosen = {dtype: "native" if direct else allreduce_algorithm(
-        algorithm, part.layout.total_size * (2 if part.compressor else dtype.itemsize),
-        group.size, settings, name, layout) for dtype, part in parts.items()}
-    call = Call(collective="grouped_allreduce", name=name, op=op.name,
-                dtype=tuple(t.dtype for t in tensors), shape=tuple(t.shape for t in tensors),
-                algorithm=tuple(chosen[t.dtype] for t in tensors),
-                segment_bytes=settings.segment_bytes, compression=compression.name,
-                memory=AWARE if direct else STAGED,
-                **layout_field(layout, next((c for c in chosen.values() if c in HIERARCHICAL),
-                                            "")))
+        goes_direct(algorithm, grouped.settings.allreduce_algorithm, dtype)
+        for dtype in grouped.members)
+    if direct:
+        grouped = GroupedCall(*arguments, memory=AWARE, forced_algorithm="native")
+    op, compression, group, settings, layout, chosen, call = (
+        grouped.op, grouped.compression, grouped.group, grouped.settings, grouped.layout,
+        grouped.chosen, grouped.call)
     divisor = group.size if op is ReduceOp.Average else 1
     ordinal = tensors[0].device if tensors else 0
 
@@ -253,14 +226,12 @@ def grouped_allreduce(tensors: list[DeviceTensor], op: Any, name: str | None,
             for tensor in tensors:
                 tensor.wait_for_producer()
             buffers, local_max, nonfinite = {}, 0.0, False
-            for dtype, part in parts.items():
-                buffer = buffers[dtype] = scratch("fusion", ordinal, part.layout.total_size,
-                                                  dtype)
-                with phase("pack", bytes=part.layout.nbytes, tensors=len(part.members),
-                           device=True):
-                    pack(part.layout, [tensors[i].memory for i in part.members], buffer,
-                         prescale_factor)
-                if part.compressor is not None and part.compressor.needs_range:
+            for dtype, members in grouped.members.items():
+                fusion, compressor = grouped.fusion[dtype], grouped.compressors[dtype]
+                buffer = buffers[dtype] = scratch("fusion", ordinal, fusion.total_size, dtype)
+                with phase("pack", bytes=fusion.nbytes, tensors=len(members), device=True):
+                    pack(fusion, [tensors[i].memory for i in members], buffer, prescale_factor)
+                if compressor is not None and compressor.needs_range:
                     part_max, part_nonfinite = abs_max(buffer)
                     local_max, nonfinite = max(local_max, part_max), nonfinite or part_nonfinite
             value_range = agree(group, call,
@@ -268,13 +239,14 @@ def grouped_allreduce(tensors: list[DeviceTensor], op: Any, name: str | None,
             if nonfinite:
                 warn_nonfinite(group, value_range, compression, collective, name)
             outputs: list[Any] = [t.owner for t in tensors] if in_place else [None] * len(tensors)
-            for dtype, part in parts.items():
+            for dtype, members in grouped.members.items():
+                fusion, compressor = grouped.fusion[dtype], grouped.compressors[dtype]
                 buffer = buffers[dtype]
                 unpack_scale = postscale_factor
-                if part.compressor is not None:
-                    scale = part.compressor.scale_for(value_range.abs_max, group.size) \
-                        if part.compressor.needs_range else 1.0
-                    _reduce_compressed(group, chosen[dtype], part.compressor, buffer, buffer,
+                if compressor is not None:
+                    scale = compressor.scale_for(value_range.abs_max, group.size) \
+                        if compressor.needs_range else 1.0
+                    _reduce_compressed(group, chosen[dtype], compressor, buffer, buffer,
                                        scale, postscale_factor / (scale * divisor), op, name,
                                        settings.segment_bytes, layout, ordinal)
                     unpack_scale = 1.0
@@ -286,13 +258,12 @@ def grouped_allreduce(tensors: list[DeviceTensor], op: Any, name: str | None,
                                  reducer(op.value, dtype), finisher(divisor, 1.0),
                                  settings.segment_bytes, None, layout, ordinal)
                 targets = []
-                for index in part.members:
+                for index in members:
                     if not in_place:
                         outputs[index] = tensors[index].new(tensors[index].shape)
                     targets.append(tensors[index].memory if in_place else outputs[index])
-                with phase("unpack", bytes=part.layout.nbytes, tensors=len(part.members),
-                           device=True):
-                    unpack(part.layout, buffer, targets, unpack_scale)
+                with phase("unpack", bytes=fusion.nbytes, tensors=len(members), device=True):
+                    unpack(fusion, buffer, targets, unpack_scale)
                     _synchronized(buffer)
             return outputs
 
