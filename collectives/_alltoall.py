@@ -11,7 +11,7 @@ import numpy as np
 from . import _pairwise, _ring
 from ._agreement import Call, agree
 from ._buffers import device_tensor, results_like
-from ._calls import execute, flat, input_array
+from ._calls import check_splittable, execute, flat, input_array
 from ._executor import Handle
 from ._ops import COPY_DTYPES, check_dtype
 from ._process_sets import ProcessSet, resolve_group
@@ -77,10 +77,7 @@ def _prepare(tensor: Any, splits: Any, name: str | None, process_set: ProcessSet
             lambda array: _prepare(array, splits, name, process_set, algorithm))
     array = input_array(tensor, "alltoall", name)
     check_dtype(array.dtype, COPY_DTYPES, "alltoall", name)
-    if array.ndim == 0:
-        raise InvalidArgumentError(
-            f"{subject('alltoall', name)}: needs at least one dimension, "
-            f"got a 0-d array")
+    check_splittable(array.shape, "alltoall", name)
     group = resolve_group(process_set, "alltoall", name)
     send_splits = check_splits(splits, array.shape[0], group.size, name)
     chosen = simple_algorithm("alltoall", algorithm, current_settings(), name)

@@ -58,6 +58,14 @@ def flat(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array).reshape(-1)
 
 
+def check_splittable(shape: tuple[int, ...], collective: str, name: str | None) -> None:
+    """Refuse a 0-d tensor where a collective splits the first dimension among the ranks."""
+    if len(shape) == 0:
+        raise InvalidArgumentError(
+            f"{subject(collective, name)}: needs at least one dimension to split among "
+            f"the ranks, got a 0-d array")
+
+
 def check_scale_factors(dtype: np.dtype, prescale_factor: float, postscale_factor: float,
                         collective: str, name: str | None) -> None:
     """Scale factors other than 1 need a floating dtype (an integer result would be cut)."""

@@ -21,6 +21,7 @@ from ..kernels import (Compressor, abs_max, device, divide_into, pack, reducer, 
                        unpack)
 from ._agreement import Call, agree
 from ._buffers import DeviceTensor
+from ._calls import check_splittable
 from ._group import Group
 from ._native import MPI_OPS
 from ._ops import COPY_DTYPES, ReduceOp, check_dtype, resolve_op
@@ -340,9 +341,7 @@ def alltoall(tensor: DeviceTensor, splits: Any, name: str | None,
     if not goes_direct(algorithm, current_settings().alltoall_algorithm):
         return staged(tensor, False, host)
     check_dtype(tensor.dtype, COPY_DTYPES, "alltoall", name)
-    if not tensor.shape:
-        raise InvalidArgumentError(
-            f"{subject('alltoall', name)}: needs at least one dimension, got a 0-d array")
+    check_splittable(tensor.shape, "alltoall", name)
     group = resolve_group(process_set, "alltoall", name)
     send_splits = check_splits(splits, tensor.shape[0], group.size, name)
     row_shape = tensor.shape[1:]
@@ -376,10 +375,7 @@ def reducescatter(tensor: DeviceTensor, op: Any, name: str | None, prescale_fact
         return staged(tensor, False, host)
     op = resolve_op(op, "reducescatter", name)
     check_reduction(tensor, op, name, prescale_factor, postscale_factor, "reducescatter")
-    if not tensor.shape:
-        raise InvalidArgumentError(
-            f"{subject('reducescatter', name)}: needs at least one dimension to split, "
-            f"got a 0-d array")
+    check_splittable(tensor.shape, "reducescatter", name)
     group = resolve_group(process_set, "reducescatter", name)
     call = Call(collective="reducescatter", name=name, op=op.name, dtype=tensor.dtype,
                 shape=tensor.shape, algorithm="native", memory=AWARE)

@@ -12,14 +12,13 @@ from . import _ring
 from ._agreement import Call, agree
 from ._allreduce import check_reduction, finisher
 from ._buffers import device_tensor, results_like
-from ._calls import execute, flat, input_array
+from ._calls import check_splittable, execute, flat, input_array
 from ._executor import Handle
 from ._native import MPI_OPS
 from ._ops import ReduceOp, resolve_op
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import simple_algorithm
 from .config import current_settings
-from .errors import InvalidArgumentError, subject
 
 
 def reducescatter(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | None = None,
@@ -69,10 +68,7 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
     array = input_array(tensor, "reducescatter", name)
     op = resolve_op(op, "reducescatter", name)
     check_reduction(array, op, name, prescale_factor, postscale_factor, "reducescatter")
-    if array.ndim == 0:
-        raise InvalidArgumentError(
-            f"{subject('reducescatter', name)}: needs at least one dimension "
-            f"to split, got a 0-d array")
+    check_splittable(array.shape, "reducescatter", name)
     group = resolve_group(process_set, "reducescatter", name)
     settings = current_settings()
     chosen = simple_algorithm("reducescatter", algorithm, settings, name)
