@@ -5,19 +5,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mpi4py import MPI
 import numpy as np
 
-from . import _hierarchical, _ring
+from . import _hierarchical, _native, _ring
 from ._agreement import Call, agree
 from ._buffers import device_tensor, results_like
-from ._calls import execute, flat, input_array
+from ._calls import execute
+from ._checks import flat, input_array
 from ._executor import Handle
 from ._group import Group
+from ._memory import AWARE, HOST, HostMemory, goes_direct
+from ._placement import memory_for, staged
 from ._ops import COPY_DTYPES, check_dtype
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import simple_algorithm
-from ._topology import Layout, hierarchy_for, layout_of
+from ._topology import NodeLayout, hierarchy_for, layout_of
 from .config import current_settings
 
 
@@ -51,58 +53,70 @@ def allgather_async(tensor: np.ndarray, name: str | None = None,
                    restore=results_like(tensor))
 
 
-def gather_rows(group: Group, rows: np.ndarray, row_shape: tuple[int, ...], algorithm: str,
-                layout: Layout | None = None, segment_bytes: int = 0
-                ) -> tuple[np.ndarray, np.ndarray]:
+def gather_rows(group: Group, rows: Any, row_shape: tuple[int, ...], algorithm: str,
+                layout: NodeLayout | None = None, segment_bytes: int = 0,
+                memory: HostMemory = HOST, like: Any = None) -> tuple[Any, np.ndarray]:
     """The data phase of an allgather, after agreement: exchange row counts, then rows.
 
-    ``hierarchical`` needs the agreed ``layout`` and the segment size.
+    ``rows`` is a host array or, for ``native`` only, the memory of device tensor
+    ``like`` (whose kind the output takes) with its ``memory``. ``hierarchical`` needs
+    the agreed ``layout`` and the segment size.
 
     Returns:
         The gathered rows and the number of rows each rank sent.
     """
+    described = rows if like is None else like
+    dtype, shape = np.dtype(described.dtype), tuple(described.shape)
     counts = np.empty(group.size, np.int64)
-    group.comm.Allgather(np.array([rows.shape[0]], np.int64), counts)
-    output = np.empty((int(counts.sum()), *row_shape), rows.dtype)
-    row_bytes = rows.dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
-    bounds = [0, *np.cumsum(counts * row_bytes).tolist()]
+    group.comm.Allgather(np.array([shape[0] if shape else 1], np.int64), counts)
+    output = memory.new(described, (int(counts.sum()), *row_shape))
+    row_bytes = dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
+    sizes = (counts * row_bytes).tolist()
+    bounds = [0, *np.cumsum(sizes).tolist()]
+    if algorithm == "native":
+        if sum(sizes):
+            _native.allgather(group, memory.for_mpi(rows, np.uint8),
+                              memory.for_mpi(output, np.uint8), sizes, **memory.phase_args)
+        return output, counts
     data = output.reshape(-1).view(np.uint8)
-    mine = flat(rows).view(np.uint8)
+    data[bounds[group.rank]:bounds[group.rank + 1]] = flat(rows).view(np.uint8)
     if algorithm == "hierarchical" and group.size > 1:
-        data[bounds[group.rank]:bounds[group.rank + 1]] = mine
         _hierarchical.allgather(group, hierarchy_for(group, layout), data, bounds,
                                 segment_bytes)
-    elif algorithm == "native":
-        group.comm.Allgatherv(mine, [data, (counts * row_bytes).tolist(), bounds[:-1], MPI.BYTE])
     else:
-        data[bounds[group.rank]:bounds[group.rank + 1]] = mine
         _ring.allgather(group, data, bounds)
     return output, counts
 
 
 def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
-             algorithm: str | None) -> Callable[[], np.ndarray]:
+             algorithm: str | None) -> Callable[[], Any]:
     on_device = device_tensor(tensor, "allgather", name)
-    if on_device is not None:
-        from . import _device_calls  # loads numba.cuda: only for device tensors
-        return _device_calls.allgather(
-            on_device, name, process_set, algorithm,
-            lambda array: _prepare(array, name, process_set, algorithm))
-    array = input_array(tensor, "allgather", name)
-    check_dtype(array.dtype, COPY_DTYPES, "allgather", name)
-    rows = array.reshape(1) if array.ndim == 0 else array
-    group = resolve_group(process_set, "allgather", name)
     settings = current_settings()
-    chosen = simple_algorithm("allgather", algorithm, settings, name)
-    layout = layout_of(group, settings)
-    extra = {"layout": layout.describe(), "segment_bytes": settings.segment_bytes} \
-        if chosen == "hierarchical" else {}
-    call = Call(collective="allgather", name=name, dtype=array.dtype,
-                algorithm=chosen, **{"shape[1:]": rows.shape[1:]}, **extra)
+    if on_device is not None and not goes_direct(algorithm, settings.allgather_algorithm):
+        return staged(on_device, False,
+                      lambda array: _prepare(array, name, process_set, algorithm))
+    array = on_device if on_device is not None else input_array(tensor, "allgather", name)
+    check_dtype(array.dtype, COPY_DTYPES, "allgather", name)
+    group = resolve_group(process_set, "allgather", name)
+    row_shape = tuple(array.shape[1:])
+    if on_device is not None:
+        memory, chosen, layout, rows = memory_for(AWARE, on_device.device), "native", None, \
+            on_device.memory
+        call = Call(collective="allgather", name=name, dtype=array.dtype, algorithm="native",
+                    memory=AWARE, **{"shape[1:]": row_shape})
+    else:
+        memory, rows = HOST, array.reshape(1) if array.ndim == 0 else array
+        chosen = simple_algorithm("allgather", algorithm, settings, name)
+        layout = layout_of(group, settings)
+        extra = {"layout": layout.describe(), "segment_bytes": settings.segment_bytes} \
+            if chosen == "hierarchical" else {}
+        call = Call(collective="allgather", name=name, dtype=array.dtype,
+                    algorithm=chosen, **{"shape[1:]": rows.shape[1:]}, **extra)
 
-    def run() -> np.ndarray:
-        agree(group, call)
-        return gather_rows(group, rows, rows.shape[1:], chosen, layout,
-                           settings.segment_bytes)[0]
+    def run() -> Any:
+        with memory.entered(*([] if on_device is None else [on_device])):
+            agree(group, call)
+            return gather_rows(group, rows, row_shape, chosen, layout, settings.segment_bytes,
+                               memory, on_device)[0]
 
     return run

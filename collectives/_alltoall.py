@@ -5,19 +5,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mpi4py import MPI
 import numpy as np
 
-from . import _pairwise, _ring
+from . import _native, _pairwise
 from ._agreement import Call, agree
 from ._buffers import device_tensor, results_like
-from ._calls import check_splittable, execute, flat, input_array
+from ._calls import execute
+from ._checks import check_splits, check_splittable, flat, input_array
 from ._executor import Handle
+from ._memory import AWARE, HOST, goes_direct
+from ._placement import memory_for, staged
 from ._ops import COPY_DTYPES, check_dtype
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import simple_algorithm
 from .config import current_settings
-from .errors import InvalidArgumentError, subject
 
 
 def alltoall(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = None,
@@ -50,57 +51,46 @@ def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None
                    restore=results_like(tensor))
 
 
-def check_splits(splits: Any, rows: int, size: int, name: str | None) -> np.ndarray:
-    """The rows this rank sends to each rank, as int64: ``splits`` checked, or, when it is
-    None, ``rows`` cut as evenly as possible."""
-    if splits is None:
-        return np.diff(np.array(_ring.chunk_bounds(rows, size), np.int64))
-    values = np.asarray(splits)
-    if values.shape != (size,) or values.dtype.kind not in "iu" or (values < 0).any():
-        raise InvalidArgumentError(
-            f"{subject('alltoall', name)}: splits must be {size} non-negative "
-            f"integers (one per rank), got {list(np.ravel(values))}")
-    if int(values.sum()) != rows:
-        raise InvalidArgumentError(
-            f"{subject('alltoall', name)}: splits {values.tolist()} sum to "
-            f"{int(values.sum())}, but the tensor has {rows} rows")
-    return values.astype(np.int64)
-
-
 def _prepare(tensor: Any, splits: Any, name: str | None, process_set: ProcessSet | None,
-             algorithm: str | None) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+             algorithm: str | None) -> Callable[[], tuple[Any, np.ndarray]]:
     on_device = device_tensor(tensor, "alltoall", name)
-    if on_device is not None:
-        from . import _device_calls  # loads numba.cuda: only for device tensors
-        return _device_calls.alltoall(
-            on_device, splits, name, process_set, algorithm,
-            lambda array: _prepare(array, splits, name, process_set, algorithm))
-    array = input_array(tensor, "alltoall", name)
+    settings = current_settings()
+    if on_device is not None and not goes_direct(algorithm, settings.alltoall_algorithm):
+        return staged(on_device, False,
+                      lambda array: _prepare(array, splits, name, process_set, algorithm))
+    array = on_device if on_device is not None else input_array(tensor, "alltoall", name)
     check_dtype(array.dtype, COPY_DTYPES, "alltoall", name)
     check_splittable(array.shape, "alltoall", name)
     group = resolve_group(process_set, "alltoall", name)
     send_splits = check_splits(splits, array.shape[0], group.size, name)
-    chosen = simple_algorithm("alltoall", algorithm, current_settings(), name)
-    call = Call(collective="alltoall", name=name, dtype=array.dtype, algorithm=chosen,
-                **{"shape[1:]": array.shape[1:]})
-    row_bytes = array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
+    row_shape = tuple(array.shape[1:])
+    if on_device is not None:
+        memory, chosen, send = memory_for(AWARE, on_device.device), "native", on_device.memory
+        call = Call(collective="alltoall", name=name, dtype=array.dtype, algorithm="native",
+                    memory=AWARE, **{"shape[1:]": row_shape})
+    else:
+        memory, send = HOST, flat(array).view(np.uint8)
+        chosen = simple_algorithm("alltoall", algorithm, settings, name)
+        call = Call(collective="alltoall", name=name, dtype=array.dtype, algorithm=chosen,
+                    **{"shape[1:]": array.shape[1:]})
+    row_bytes = array.dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
 
-    def run() -> tuple[np.ndarray, np.ndarray]:
-        agree(group, call)
-        received_splits = np.empty(group.size, np.int64)
-        group.comm.Alltoall(send_splits, received_splits)
-        output = np.empty((int(received_splits.sum()), *array.shape[1:]), array.dtype)
-        send = flat(array).view(np.uint8)
-        receive = output.reshape(-1).view(np.uint8)
-        send_offsets = [0, *np.cumsum(send_splits * row_bytes).tolist()]
-        receive_offsets = [0, *np.cumsum(received_splits * row_bytes).tolist()]
-        if chosen == "native":
-            group.comm.Alltoallv(
-                [send, (send_splits * row_bytes).tolist(), send_offsets[:-1], MPI.BYTE],
-                [receive, (received_splits * row_bytes).tolist(), receive_offsets[:-1],
-                 MPI.BYTE])
-        else:
-            _pairwise.alltoall(group, send, send_offsets, receive, receive_offsets)
-        return output, received_splits
+    def run() -> tuple[Any, np.ndarray]:
+        with memory.entered(*([] if on_device is None else [on_device])):
+            agree(group, call)
+            received_splits = np.empty(group.size, np.int64)
+            group.comm.Alltoall(send_splits, received_splits)
+            output = memory.new(array, (int(received_splits.sum()), *row_shape))
+            sent = (send_splits * row_bytes).tolist()
+            received = (received_splits * row_bytes).tolist()
+            if chosen == "native":
+                _native.alltoall(group, memory.for_mpi(send, np.uint8), sent,
+                                 memory.for_mpi(output, np.uint8), received,
+                                 **memory.phase_args)
+            else:
+                _pairwise.alltoall(group, send, [0, *np.cumsum(sent).tolist()],
+                                   output.reshape(-1).view(np.uint8),
+                                   [0, *np.cumsum(received).tolist()])
+            return output, received_splits
 
     return run

@@ -7,18 +7,20 @@ from typing import Any
 
 import numpy as np
 
-from . import _broadcast_algorithms, _hierarchical
+from . import _broadcast_algorithms, _hierarchical, _native
 from ._agreement import Call, agree
 from ._buffers import device_tensor, results_like, returns_itself
-from ._calls import execute, flat, in_place_array, input_array
+from ._calls import execute
+from ._checks import flat, in_place_array, input_array, root_in_group
 from ._executor import Handle
 from ._group import Group
+from ._memory import AWARE, HOST, HostMemory, goes_direct
+from ._placement import memory_for, staged
 from ._ops import COPY_DTYPES, check_dtype
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import broadcast_algorithm
-from ._topology import Layout, hierarchy_for, layout_of
+from ._topology import NodeLayout, hierarchy_for, layout_of
 from .config import current_settings
-from .errors import InvalidArgumentError, subject
 
 
 def broadcast(tensor: np.ndarray, root_rank: int, name: str | None = None,
@@ -69,28 +71,17 @@ def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None
                    restore=returns_itself(tensor))
 
 
-def root_in_group(group: Group, root_rank: Any, collective: str, name: str | None) -> int:
-    """Translate a world root rank into its rank in ``group``; refuse one outside it."""
-    if not isinstance(root_rank, (int, np.integer)) or isinstance(root_rank, bool):
-        raise InvalidArgumentError(
-            f"{subject(collective, name)}: root_rank must be an int, "
-            f"got {root_rank!r}")
-    if root_rank not in group.world_ranks:
-        raise InvalidArgumentError(
-            f"{subject(collective, name)}: root_rank {root_rank} is not "
-            f"among the ranks {list(group.world_ranks)}")
-    return group.world_ranks.index(int(root_rank))
-
-
-def broadcast_bytes(group: Group, data: np.ndarray, root: int, algorithm: str,
-                    segment_bytes: int, layout: Layout | None = None,
-                    inner: str = "pipeline") -> None:
-    """The data phase of a broadcast, after agreement: 1-D uint8 ``data`` from ``root``.
+def broadcast_bytes(group: Group, data: Any, root: int, algorithm: str,
+                    segment_bytes: int, layout: NodeLayout | None = None,
+                    inner: str = "pipeline", memory: HostMemory = HOST) -> None:
+    """The data phase of a broadcast, after agreement: 1-D uint8 ``data`` from ``root``
+    (``native`` also takes device memory, with its ``memory``).
 
     ``hierarchical`` needs the agreed ``layout``, and runs ``inner`` (``pipeline`` or
     ``binomial``) between and inside the nodes.
     """
-    if group.size == 1 or data.nbytes == 0:
+    nbytes = memory.nbytes(data)
+    if group.size == 1 or nbytes == 0:
         return
     if algorithm == "hierarchical":
         _hierarchical.broadcast(hierarchy_for(group, layout), data, root, inner,
@@ -100,46 +91,58 @@ def broadcast_bytes(group: Group, data: np.ndarray, root: int, algorithm: str,
     elif algorithm == "binomial":
         _broadcast_algorithms.binomial(group, data, root)
     else:
-        group.comm.Bcast(data, root)
+        _native.broadcast(group, memory.for_mpi(data, np.uint8), root, nbytes,
+                          **memory.phase_args)
 
 
 def _prepare(tensor: Any, root_rank: Any, name: str | None, process_set: ProcessSet | None,
-             algorithm: str | None, in_place: bool) -> Callable[[], np.ndarray]:
+             algorithm: str | None, in_place: bool) -> Callable[[], Any]:
     collective = "broadcast_" if in_place else "broadcast"
     on_device = device_tensor(tensor, collective, name, in_place)
-    if on_device is not None:
-        from . import _device_calls  # loads numba.cuda: only for device tensors
-        return _device_calls.broadcast(
-            on_device, root_rank, name, process_set, algorithm, in_place,
-            lambda array: _prepare(array, root_rank, name, process_set, algorithm, in_place))
-    array = (in_place_array if in_place else input_array)(tensor, collective, name)
+    settings = current_settings()
+    if on_device is not None and not goes_direct(algorithm, settings.broadcast_algorithm):
+        return staged(on_device, in_place, lambda array: _prepare(
+            array, root_rank, name, process_set, algorithm, in_place))
+    array = on_device if on_device is not None else \
+        (in_place_array if in_place else input_array)(tensor, collective, name)
     check_dtype(array.dtype, COPY_DTYPES, collective, name)
     group = resolve_group(process_set, collective, name)
     root = root_in_group(group, root_rank, collective, name)
-    settings = current_settings()
-    layout = layout_of(group, settings)
-    chosen = broadcast_algorithm(algorithm, array.nbytes, group.size, settings, name, layout)
-    inner = "pipeline" if array.nbytes >= settings.broadcast_pipeline_min_bytes \
-        else "binomial"
-    hierarchical = chosen == "hierarchical"
-    call = Call(collective="broadcast", name=name, root_rank=int(root_rank),
-                dtype=array.dtype, shape=array.shape, algorithm=chosen,
-                segment_bytes=settings.segment_bytes if chosen == "pipeline" or hierarchical
-                else None,
-                **({"layout": layout.describe(), "schedule": inner} if hierarchical else {}))
+    if on_device is not None:
+        memory, chosen, layout, inner = memory_for(AWARE, on_device.device), "native", None, ""
+        call = Call(collective="broadcast", name=name, root_rank=int(root_rank),
+                    dtype=array.dtype, shape=array.shape, algorithm="native", memory=AWARE)
+        source, owner = on_device.memory, on_device.owner
+    else:
+        layout = layout_of(group, settings)
+        memory = HOST
+        chosen = broadcast_algorithm(algorithm, array.nbytes, group.size, settings, name,
+                                     layout)
+        inner = "pipeline" if array.nbytes >= settings.broadcast_pipeline_min_bytes \
+            else "binomial"
+        hierarchical = chosen == "hierarchical"
+        call = Call(collective="broadcast", name=name, root_rank=int(root_rank),
+                    dtype=array.dtype, shape=array.shape, algorithm=chosen,
+                    segment_bytes=settings.segment_bytes
+                    if chosen == "pipeline" or hierarchical else None,
+                    **({"layout": layout.describe(), "schedule": inner}
+                       if hierarchical else {}))
+        source, owner = array, array
 
-    def run() -> np.ndarray:
-        agree(group, call)
-        if in_place:
-            output = array
-            work = flat(array)
-        else:
-            output = array.copy() if group.rank == root else np.empty(array.shape, array.dtype)
-            work = output.reshape(-1)
-        broadcast_bytes(group, work.view(np.uint8), root, chosen, settings.segment_bytes,
-                        layout, inner)
-        if in_place and not array.flags.c_contiguous:
-            array[...] = work.reshape(array.shape)
-        return output
+    def run() -> Any:
+        with memory.entered(*([] if on_device is None else [on_device])):
+            agree(group, call)
+            if in_place:
+                output, work = owner, flat(source) if memory is HOST else source
+            else:
+                output = memory.new(array, array.shape)
+                work = output.reshape(-1) if memory is HOST else output
+                if group.rank == root:
+                    memory.copy(source, output)
+            broadcast_bytes(group, work.view(np.uint8) if memory is HOST else work, root,
+                            chosen, settings.segment_bytes, layout, inner, memory)
+            if in_place and memory is HOST and not array.flags.c_contiguous:
+                array[...] = work.reshape(array.shape)
+            return output
 
     return run

@@ -1,4 +1,4 @@
-"""What every collective does around its algorithm: check arrays, order the call, wrap errors."""
+"""What every collective does around its algorithm: order the call, trace it, wrap errors."""
 
 from __future__ import annotations
 
@@ -8,71 +8,15 @@ from collections.abc import Callable
 from typing import Any
 
 from mpi4py import MPI
-import numpy as np
 
 from . import timeline
 from ._activity import ACTIVITY
-from ._buffers import Restore, is_torch_tensor, torch_view
+from ._buffers import Restore
 from ._executor import Handle
 from ._tracing import call_span
 from ._world import mpi_threads_supported, world
-from .errors import (CommunicationError, InvalidArgumentError, RingtrainError,
-                     UnsupportedDtypeError, subject)
+from .errors import CommunicationError, RingtrainError, subject
 from .logs import LOGGER, log_call
-
-
-def input_array(tensor: Any, collective: str, name: str | None) -> np.ndarray:
-    """The caller's tensor as a numpy array (no copy when it already is one, or a torch
-    CPU tensor)."""
-    if isinstance(tensor, np.ndarray):
-        return tensor
-    if is_torch_tensor(tensor):
-        return torch_view(tensor, collective, name)
-    try:
-        return np.asarray(tensor)
-    except (TypeError, ValueError) as error:
-        raise UnsupportedDtypeError(
-            f"{subject(collective, name)}: cannot use a "
-            f"{type(tensor).__name__} as an array: {error}") from None
-
-
-def in_place_array(tensor: Any, collective: str, name: str | None) -> np.ndarray:
-    """The caller's tensor for an in-place collective: a writable numpy array (over a
-    torch CPU tensor's memory for a tensor)."""
-    if is_torch_tensor(tensor):
-        return torch_view(tensor, collective, name)
-    if not isinstance(tensor, np.ndarray):
-        raise InvalidArgumentError(
-            f"{subject(collective, name)}: works in place and needs a numpy "
-            f"array or a torch tensor, got {type(tensor).__name__}")
-    if not tensor.flags.writeable:
-        raise InvalidArgumentError(
-            f"{subject(collective, name)}: the array is read-only")
-    return tensor
-
-
-def flat(array: np.ndarray) -> np.ndarray:
-    """A 1-D view of a C-contiguous array, or a contiguous 1-D copy of any other."""
-    if array.flags.c_contiguous:
-        return array.reshape(-1)
-    return np.ascontiguousarray(array).reshape(-1)
-
-
-def check_splittable(shape: tuple[int, ...], collective: str, name: str | None) -> None:
-    """Refuse a 0-d tensor where a collective splits the first dimension among the ranks."""
-    if len(shape) == 0:
-        raise InvalidArgumentError(
-            f"{subject(collective, name)}: needs at least one dimension to split among "
-            f"the ranks, got a 0-d array")
-
-
-def check_scale_factors(dtype: np.dtype, prescale_factor: float, postscale_factor: float,
-                        collective: str, name: str | None) -> None:
-    """Scale factors other than 1 need a floating dtype (an integer result would be cut)."""
-    if dtype.kind != "f" and (prescale_factor != 1.0 or postscale_factor != 1.0):
-        raise InvalidArgumentError(
-            f"{subject(collective, name)}: prescale_factor/postscale_factor "
-            f"need a floating dtype, got {dtype}")
 
 
 def execute(collective: str, name: str | None, body: Callable[[], Any],

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..kernels.compression import Compression
 from ._agreement import Call, agree, agree_joined, resolve
-from ._allreduce import _prepare, _prepare_grouped
+from ._allreduce import prepare, prepare_grouped
 from ._calls import execute
 from ._group import Group
 from ._world import world
@@ -72,14 +72,14 @@ def _replay(group: Group, fields: dict[str, Any]) -> None:
     compressor = _COMPRESSORS[fields["compression"]]
     zeros = _zeros_on_device if "memory" in fields else np.zeros
     if collective == "allreduce":
-        _prepare(zeros(fields["shape"], fields["dtype"]), fields["op"], fields["name"], 1.0,
-                 1.0, None, fields["algorithm"], compressor, in_place=True)()
+        prepare(zeros(fields["shape"], fields["dtype"]), fields["op"], fields["name"], 1.0,
+                1.0, None, fields["algorithm"], compressor, in_place=True)()
         return
     zeros_list = [zeros(shape, dtype) for shape, dtype in zip(fields["shape"], fields["dtype"])]
     algorithms = set(fields["algorithm"])
     algorithm = algorithms.pop() if len(algorithms) == 1 else None
-    _prepare_grouped(zeros_list, fields["op"], fields["name"], 1.0, 1.0, None, algorithm,
-                     compressor, in_place=True)()
+    prepare_grouped(zeros_list, fields["op"], fields["name"], 1.0, 1.0, None, algorithm,
+                    compressor, in_place=True)()
 
 
 def _zeros_on_device(shape: tuple[int, ...], dtype: np.dtype) -> Any:

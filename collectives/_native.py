@@ -1,14 +1,18 @@
-"""The MPI library's own collectives, offered as the algorithm ``native``."""
+"""The MPI library's own collectives, offered as the algorithm ``native``: each call
+written once, for host arrays and for device memory handed to a CUDA-aware MPI alike."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from mpi4py import MPI
 import numpy as np
 
 from ..kernels import reduce_into
+from ._group import Group
 from ._ops import ReduceOp
+from ._tracing import phase
 
 MPI_OPS = {
     ReduceOp.Average: MPI.SUM,
@@ -38,3 +42,47 @@ def sixteen_bit_op(op: ReduceOp, encoding: str | None) -> MPI.Op:
 
         _sixteen_bit_ops[key] = MPI.Op.Create(combine, commute=True)
     return _sixteen_bit_ops[key]
+
+
+def offsets(sizes: Sequence[int]) -> list[int]:
+    """Where each of consecutive blocks of ``sizes`` starts."""
+    return [0, *np.cumsum(sizes).tolist()][:-1]
+
+
+def allreduce(group: Group, send: Any, receive: Any, mpi_op: MPI.Op, nbytes: int,
+              **phase_args: Any) -> None:
+    """``MPI_Allreduce`` of ``send`` (or ``MPI.IN_PLACE``) into ``receive``: host arrays
+    or device memory as MPI takes it."""
+    with phase("MPI allreduce", bytes=nbytes, **phase_args):
+        group.comm.Allreduce(send, receive, mpi_op)
+
+
+def broadcast(group: Group, data: Any, root: int, nbytes: int, **phase_args: Any) -> None:
+    """``MPI_Bcast`` of ``data`` (bytes) from group rank ``root``."""
+    with phase("MPI broadcast", bytes=nbytes, **phase_args):
+        group.comm.Bcast(data, root)
+
+
+def allgather(group: Group, mine: Any, gathered: Any, sizes: Sequence[int],
+              **phase_args: Any) -> None:
+    """``MPI_Allgatherv`` of each rank's bytes ``mine`` into ``gathered``, rank r's
+    ``sizes[r]`` bytes after those of the ranks before it."""
+    with phase("MPI allgather", bytes=sum(sizes), **phase_args):
+        group.comm.Allgatherv(mine, [gathered, list(sizes), offsets(sizes), MPI.BYTE])
+
+
+def alltoall(group: Group, send: Any, sent: Sequence[int], receive: Any,
+             received: Sequence[int], **phase_args: Any) -> None:
+    """``MPI_Alltoallv`` of bytes: ``sent[r]`` bytes to rank r, ``received[r]`` from it,
+    each block after the ones before it."""
+    with phase("MPI alltoall", bytes=sum(sent), **phase_args):
+        group.comm.Alltoallv([send, list(sent), offsets(sent), MPI.BYTE],
+                             [receive, list(received), offsets(received), MPI.BYTE])
+
+
+def reducescatter(group: Group, send: Any, receive: Any, counts: Sequence[int], op: ReduceOp,
+                  nbytes: int, **phase_args: Any) -> None:
+    """``MPI_Reduce_scatter`` of ``send``: rank r receives the reduction of its
+    ``counts[r]`` elements."""
+    with phase("MPI reducescatter", bytes=nbytes, **phase_args):
+        group.comm.Reduce_scatter(send, receive, list(counts), MPI_OPS[op])

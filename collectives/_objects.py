@@ -9,7 +9,8 @@ import numpy as np
 
 from ._agreement import Call, agree
 from ._allgather import gather_rows
-from ._broadcast import broadcast_bytes, root_in_group
+from ._broadcast import broadcast_bytes
+from ._checks import root_in_group
 from ._calls import execute
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import broadcast_algorithm

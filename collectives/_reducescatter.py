@@ -8,13 +8,15 @@ from typing import Any
 import numpy as np
 
 from ..kernels import reducer
-from . import _ring
+from . import _native, _ring
 from ._agreement import Call, agree
-from ._allreduce import check_reduction, finisher
 from ._buffers import device_tensor, results_like
-from ._calls import check_splittable, execute, flat, input_array
+from ._calls import execute
+from ._checks import check_reduction, check_splittable, flat, input_array
+from ._data_phase import finisher
 from ._executor import Handle
-from ._native import MPI_OPS
+from ._memory import AWARE, HOST, goes_direct
+from ._placement import memory_for, staged
 from ._ops import ReduceOp, resolve_op
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import simple_algorithm
@@ -57,48 +59,58 @@ def reducescatter_async(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
 
 def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
              postscale_factor: float, process_set: ProcessSet | None,
-             algorithm: str | None) -> Callable[[], np.ndarray]:
+             algorithm: str | None) -> Callable[[], Any]:
     on_device = device_tensor(tensor, "reducescatter", name)
-    if on_device is not None:
-        from . import _device_calls  # loads numba.cuda: only for device tensors
-        return _device_calls.reducescatter(
-            on_device, op, name, prescale_factor, postscale_factor, process_set, algorithm,
-            lambda array: _prepare(array, op, name, prescale_factor, postscale_factor,
-                                   process_set, algorithm))
-    array = input_array(tensor, "reducescatter", name)
+    settings = current_settings()
+    if on_device is not None and not goes_direct(algorithm, settings.reducescatter_algorithm,
+                                                 on_device.dtype):
+        return staged(on_device, False, lambda array: _prepare(
+            array, op, name, prescale_factor, postscale_factor, process_set, algorithm))
+    array = on_device if on_device is not None else \
+        input_array(tensor, "reducescatter", name)
     op = resolve_op(op, "reducescatter", name)
     check_reduction(array, op, name, prescale_factor, postscale_factor, "reducescatter")
     check_splittable(array.shape, "reducescatter", name)
     group = resolve_group(process_set, "reducescatter", name)
-    settings = current_settings()
-    chosen = simple_algorithm("reducescatter", algorithm, settings, name)
-    call = Call(collective="reducescatter", name=name, op=op.name, dtype=array.dtype,
-                shape=array.shape, algorithm=chosen,
-                segment_bytes=settings.segment_bytes if chosen == "ring" else None)
+    if on_device is not None:
+        memory, chosen, source = memory_for(AWARE, on_device.device), "native", \
+            on_device.memory
+        call = Call(collective="reducescatter", name=name, op=op.name, dtype=array.dtype,
+                    shape=array.shape, algorithm="native", memory=AWARE)
+    else:
+        memory, source = HOST, flat(array)
+        chosen = simple_algorithm("reducescatter", algorithm, settings, name)
+        call = Call(collective="reducescatter", name=name, op=op.name, dtype=array.dtype,
+                    shape=array.shape, algorithm=chosen,
+                    segment_bytes=settings.segment_bytes if chosen == "ring" else None)
     row = int(np.prod(array.shape[1:], dtype=np.int64))
     rows = _ring.chunk_bounds(array.shape[0], group.size)
     bounds = [r * row for r in rows]
+    counts = [bounds[r + 1] - bounds[r] for r in range(group.size)]
     finish = finisher(group.size if op is ReduceOp.Average else 1, postscale_factor)
     combine = reducer(op.value, array.dtype)
+    nbytes = array.size * array.dtype.itemsize
 
-    def run() -> np.ndarray:
-        agree(group, call)
-        source = flat(array)
-        output = np.empty((rows[group.rank + 1] - rows[group.rank], *array.shape[1:]),
-                          array.dtype)
-        if prescale_factor != 1.0:
-            source = source * np.asarray(prescale_factor, array.dtype)
-        if chosen == "ring" and group.size > 1:
-            _ring.reduce_scatter(group, source, output.reshape(-1), bounds, combine, finish,
-                                 settings.segment_bytes)
+    def run() -> Any:
+        with memory.entered(*([] if on_device is None else [on_device])):
+            agree(group, call)
+            start = source
+            if prescale_factor != 1.0:
+                start = memory.scaled(source, prescale_factor,
+                                      memory.scratch("prescaled", array.size, array.dtype))
+            output = memory.new(array, (rows[group.rank + 1] - rows[group.rank],
+                                        *array.shape[1:]))
+            result = output.reshape(-1) if memory is HOST else output
+            if chosen == "ring" and group.size > 1:
+                _ring.reduce_scatter(group, start, result, bounds, combine, finish,
+                                     settings.segment_bytes)
+                return output
+            if group.size == 1:
+                memory.copy(start, result)
+            elif nbytes:
+                _native.reducescatter(group, memory.for_mpi(start), memory.for_mpi(result),
+                                      counts, op, nbytes, **memory.phase_args)
+            memory.finish(output, finish)
             return output
-        if group.size == 1:
-            output.reshape(-1)[:] = source
-        else:
-            counts = [bounds[r + 1] - bounds[r] for r in range(group.size)]
-            group.comm.Reduce_scatter(source, output.reshape(-1), counts, MPI_OPS[op])
-        if finish is not None:
-            finish(output)
-        return output
 
     return run

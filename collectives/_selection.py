@@ -15,7 +15,7 @@ per rank.
 
 from __future__ import annotations
 
-from ._topology import Layout
+from ._topology import NodeLayout
 from .config import ALGORITHMS, Settings
 from .errors import InvalidArgumentError, subject
 
@@ -34,7 +34,7 @@ def requested(collective: str, algorithm: str | None, settings: Settings,
 
 
 def allreduce_algorithm(algorithm: str | None, nbytes: int, size: int, settings: Settings,
-                        name: str | None, layout: Layout | None = None) -> str:
+                        name: str | None, layout: NodeLayout | None = None) -> str:
     """Choose the allreduce algorithm (``layout``: the group's nodes, if known)."""
     choice = requested("allreduce", algorithm, settings, name)
     if choice != "auto":
@@ -45,7 +45,7 @@ def allreduce_algorithm(algorithm: str | None, nbytes: int, size: int, settings:
 
 
 def broadcast_algorithm(algorithm: str | None, nbytes: int, size: int, settings: Settings,
-                        name: str | None, layout: Layout | None = None) -> str:
+                        name: str | None, layout: NodeLayout | None = None) -> str:
     """Choose the broadcast algorithm (``layout``: the group's nodes, if known)."""
     choice = requested("broadcast", algorithm, settings, name)
     if choice != "auto":
@@ -64,6 +64,6 @@ def simple_algorithm(collective: str, algorithm: str | None, settings: Settings,
     return _DEFAULTS[collective] if choice == "auto" else choice
 
 
-def _hierarchical_pays(layout: Layout | None, nbytes: int, settings: Settings) -> bool:
+def _hierarchical_pays(layout: NodeLayout | None, nbytes: int, settings: Settings) -> bool:
     return layout is not None and layout.pays_off and \
         nbytes >= settings.hierarchical_min_bytes

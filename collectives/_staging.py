@@ -18,9 +18,10 @@ import numpy as np
 from ..kernels import device
 from ..kernels.reduction import Combine
 from ._buffers import DeviceTensor
+from ._data_phase import reduce_flat
 from ._group import Group
 from ._ops import ReduceOp
-from ._topology import Layout
+from ._topology import NodeLayout
 from ._tracing import phase
 
 PIPELINE_BYTES = 4 << 20
@@ -95,7 +96,7 @@ def host_array(buffer: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> n
 
 def through_host(group: Group, algorithm: str, source: Any, result: Any, dtype: np.dtype,
                  op: ReduceOp, combine: Combine, finish: Callable | None,
-                 segment_bytes: int, encoding: str | None, layout: Layout,
+                 segment_bytes: int, encoding: str | None, layout: NodeLayout,
                  ordinal: int) -> None:
     """Reduce device ``source`` into device ``result`` (may be it) across ranks, through
     pinned host memory in pipelined segments; returns once ``result`` is written.
@@ -103,9 +104,8 @@ def through_host(group: Group, algorithm: str, source: Any, result: Any, dtype: 
     Segments rotate through :data:`PIPELINE_SLOTS` pinned buffers, so the host memory
     used is a few segments whatever the size: while segment k is reduced across ranks,
     segment k+1 is copied down and segment k-1 up. The arguments after ``dtype`` are
-    those of the host reduction (:func:`._allreduce.reduce_flat`), run on each segment.
+    those of the host reduction (:func:`._data_phase.reduce_flat`), run on each segment.
     """
-    from ._allreduce import reduce_flat
     nbytes = device.byte_view(source).size
     if nbytes == 0:
         return

@@ -1,6 +1,6 @@
 """The node layout of a group, and the communicators the hierarchical algorithms run on.
 
-A :class:`Layout` says which ranks of a group share a node. It is computed without
+A :class:`NodeLayout` says which ranks of a group share a node. It is computed without
 communication from what :func:`~ringtrain.init` learnt once (every rank's node, from
 MPI's shared-memory split) or, with the ``node_size`` setting, from the world ranks
 alone; so every rank of a group computes the same layout, and a process set gets the
@@ -31,11 +31,11 @@ from ._world import world
 from .config import Settings
 
 HIERARCHICAL = ("hierarchical", "node_leader")
-"""The algorithms that run on a :class:`Layout`."""
+"""The algorithms that run on a :class:`NodeLayout`."""
 
 
 @dataclass(frozen=True)
-class Layout:
+class NodeLayout:
     """Which ranks of a group share a node.
 
     Attributes:
@@ -78,7 +78,7 @@ class Layout:
         return f"{'+'.join(str(len(m)) for m in self.nodes)} ({self.source})"
 
 
-def layout_of(group: Group, settings: Settings) -> Layout:
+def layout_of(group: Group, settings: Settings) -> NodeLayout:
     """The layout of ``group``'s ranks under ``settings`` (no communication)."""
     key = ("layout", settings.node_size)
     layout = group.state.get(key)
@@ -93,7 +93,7 @@ def layout_of(group: Group, settings: Settings) -> Layout:
         members: dict[int, list[int]] = {}
         for rank, node in enumerate(keys):
             members.setdefault(node, []).append(rank)
-        layout = Layout(tuple(tuple(m) for m in members.values()), source)
+        layout = NodeLayout(tuple(tuple(m) for m in members.values()), source)
         group.state[key] = layout
     return layout
 
@@ -111,7 +111,7 @@ class Hierarchy:
         leaders: the nodes' first ranks (rank = node index), or None on other ranks.
     """
 
-    def __init__(self, group: Group, layout: Layout):
+    def __init__(self, group: Group, layout: NodeLayout):
         self.layout = layout
         self.node = layout.node_of[group.rank]
         members = layout.nodes[self.node]
@@ -142,7 +142,7 @@ class Hierarchy:
             [bounds[-1]]
 
 
-def _owner(layout: Layout, node: int, chunk: int) -> int:
+def _owner(layout: NodeLayout, node: int, chunk: int) -> int:
     """The group rank on ``node`` that owns ``chunk``."""
     members = layout.nodes[node]
     local = 0
@@ -157,7 +157,7 @@ def _subgroup(parent: Group, comm: MPI.Comm, members: tuple[int, ...]) -> Group:
     return child
 
 
-def hierarchy_for(group: Group, layout: Layout) -> Hierarchy:
+def hierarchy_for(group: Group, layout: NodeLayout) -> Hierarchy:
     """The communicators of ``layout`` on ``group``, built on first use (collective over
     the group: call it from a collective's data phase, after agreement)."""
     key = ("hierarchy", layout)

@@ -62,7 +62,7 @@ _bfloat_from_float = _jit(float_bits.bfloat_bits_from_float_bits)
 _float_from_bfloat = _jit(float_bits.float_bits_from_bfloat_bits)
 
 
-class _Twins:
+class _SizedLoop:
     """A loop compiled twice, serial and parallel, and called as the size warrants."""
 
     def __init__(self, loop: Callable):
@@ -76,7 +76,7 @@ class _Twins:
         return self.serial(*args)
 
 
-def _encoder(to_bits: Callable, from_bits: Callable, name: str) -> tuple[_Twins, _Twins]:
+def _encoder(to_bits: Callable, from_bits: Callable, name: str) -> tuple[_SizedLoop, _SizedLoop]:
     """The encode loops of one 16-bit format: plain, and with error feedback."""
 
     def encode(source, wire, scale):
@@ -96,10 +96,10 @@ def _encoder(to_bits: Callable, from_bits: Callable, name: str) -> tuple[_Twins,
 
     encode.__qualname__ = f"encode_{name}"
     encode_feedback.__qualname__ = f"encode_{name}_feedback"
-    return _Twins(encode), _Twins(encode_feedback)
+    return _SizedLoop(encode), _SizedLoop(encode_feedback)
 
 
-def _decoder(from_bits: Callable, name: str) -> _Twins:
+def _decoder(from_bits: Callable, name: str) -> _SizedLoop:
     def decode(wire, out, scale):
         if scale == 1:  # no product: it would quiet a signalling NaN
             for i in numba.prange(wire.size):
@@ -109,7 +109,7 @@ def _decoder(from_bits: Callable, name: str) -> _Twins:
                 out[i] = np.uint32(from_bits(wire[i])).view(np.float32) * scale
 
     decode.__qualname__ = f"decode_{name}"
-    return _Twins(decode)
+    return _SizedLoop(decode)
 
 
 def _reducer(to_bits: Callable, from_bits: Callable, name: str) -> dict[int, tuple]:
@@ -142,7 +142,7 @@ def _reducer(to_bits: Callable, from_bits: Callable, name: str) -> dict[int, tup
             for code, combine in ((0, add), (3, multiply), (1, minimum), (2, maximum))}
 
 
-def _reduce_loops(combine: Callable, name: str) -> tuple[_Twins, _Twins]:
+def _reduce_loops(combine: Callable, name: str) -> tuple[_SizedLoop, _SizedLoop]:
     """The loops applying ``combine`` elementwise: into ``out``, and into ``a`` itself."""
     step = numba.njit(cache=True, nogil=True, inline="always")(combine)
 
@@ -157,7 +157,7 @@ def _reduce_loops(combine: Callable, name: str) -> tuple[_Twins, _Twins]:
     combine.__qualname__ = f"{combine.__name__}_{name}"
     reduce.__qualname__ = f"reduce_{combine.__name__}_{name}"
     reduce_in_place.__qualname__ = f"reduce_{combine.__name__}_{name}_in_place"
-    return _Twins(reduce), _Twins(reduce_in_place)
+    return _SizedLoop(reduce), _SizedLoop(reduce_in_place)
 
 
 _encode_half, _encode_half_feedback = _encoder(_half_from_float, _float_from_half, "half")
@@ -182,7 +182,7 @@ def _abs_max_loop(bits, sign_clear, infinity, zero):
     return largest, nonfinite
 
 
-_abs_max = _Twins(_abs_max_loop)
+_abs_max = _SizedLoop(_abs_max_loop)
 
 
 def _scale_as_float32(scale: float) -> np.float32:
@@ -270,7 +270,7 @@ def encode_bfloat(source: np.ndarray, wire: np.ndarray, scale: float = 1.0,
     _encode_16(_encode_bfloat, _encode_bfloat_feedback, source, wire, scale, residual)
 
 
-def _encode_16(plain: _Twins, feedback: _Twins, source: np.ndarray, wire: np.ndarray,
+def _encode_16(plain: _SizedLoop, feedback: _SizedLoop, source: np.ndarray, wire: np.ndarray,
                scale: float, residual: np.ndarray | None) -> None:
     _check_float32("source", source)
     scale32 = _scale_as_float32(scale)
@@ -303,7 +303,7 @@ def decode_bfloat(wire: np.ndarray, out: np.ndarray, scale: float = 1.0) -> None
     _decode_16(_decode_bfloat, wire, out, scale)
 
 
-def _decode_16(loop: _Twins, wire: np.ndarray, out: np.ndarray, scale: float) -> None:
+def _decode_16(loop: _SizedLoop, wire: np.ndarray, out: np.ndarray, scale: float) -> None:
     _check_float32("out", out)
     bits, flat_out = _flat(wire).view(np.uint16), _flat(out)
     if bits.size != flat_out.size:

@@ -20,7 +20,7 @@ import pytest
 
 from mpi_launch import ROOT, run_mpi
 from ringtrain.collectives._selection import allreduce_algorithm, broadcast_algorithm
-from ringtrain.collectives._topology import Layout
+from ringtrain.collectives._topology import NodeLayout
 from ringtrain.collectives.config import Settings
 
 TIMEOUT = 240.0
@@ -28,12 +28,12 @@ TIMEOUT = 240.0
 
 # --------------------------------------------------------------------------- layouts
 
-def layout(*sizes: int) -> Layout:
+def layout(*sizes: int) -> NodeLayout:
     nodes, start = [], 0
     for size in sizes:
         nodes.append(tuple(range(start, start + size)))
         start += size
-    return Layout(tuple(nodes), "test")
+    return NodeLayout(tuple(nodes), "test")
 
 
 @pytest.mark.parametrize("sizes", [(1,), (2, 2), (2, 1), (3, 1), (1, 3), (2, 1, 2), (4, 3, 1)])
@@ -50,7 +50,7 @@ def test_every_chunk_has_one_owner_per_node(sizes):
 
 
 def test_layout_description_and_node_of():
-    shape = Layout(((0, 2), (1,)), "node_size=2")
+    shape = NodeLayout(((0, 2), (1,)), "node_size=2")
     assert shape.node_of == (0, 1, 0)
     assert shape.describe() == "2+1 (node_size=2)"
     assert not shape.uniform and shape.pays_off

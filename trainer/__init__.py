@@ -11,7 +11,7 @@ from typing import Any
 _EXPORTS = {
     "DistributedOptimizer": "distributed_optimizer",
     "ArrayDistributedOptimizer": "array_optimizer",
-    "GradientReducer": "reducer",
+    "GradientReducer": "gradient_reducer",
     "broadcast_parameters": "state_broadcast",
     "broadcast_optimizer_state": "state_broadcast",
     "DistributedSampler": "sharding",

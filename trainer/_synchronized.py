@@ -7,7 +7,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from .reducer import GradientReducer
+from .gradient_reducer import GradientReducer
 
 _STEP_AFTER_SYNCHRONIZE = (
     "optimizer.step() called after optimizer.synchronize() outside "

@@ -32,7 +32,7 @@ from ..collectives import Average, Compression, Compressor, ProcessSet, ReduceOp
 from ..collectives.errors import InvalidArgumentError, UsageError
 from ..kernels import twin_for
 from ._synchronized import SynchronizedSteps
-from .reducer import GradientReducer, predivide_factors
+from .gradient_reducer import GradientReducer, predivide_factors
 
 
 class ArrayDistributedOptimizer(SynchronizedSteps):

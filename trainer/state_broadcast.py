@@ -34,8 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..collectives import ProcessSet, broadcast_, broadcast_object, rank
-from ..collectives._objects import end_of_sequence
-from ..collectives._ops import COPY_DTYPES
+from ..collectives.engine import COPY_DTYPES, end_of_sequence
 from ..collectives.errors import InvalidArgumentError, subject
 
 

@@ -7,7 +7,7 @@ step hooks are the wrapped optimizer's own, seen through this object. It derives
 class's constructor.
 
 Each parameter gets a post-accumulate-grad hook that hands its finished gradient to a
-:class:`~ringtrain.trainer.reducer.GradientReducer`, so the fusion buckets are
+:class:`~ringtrain.trainer.gradient_reducer.GradientReducer`, so the fusion buckets are
 allreduced during the backward pass; ``step()`` waits for them, then calls the wrapped
 optimizer's ``step()``.
 """
@@ -23,7 +23,7 @@ import torch
 from ..collectives import Average, Compression, Compressor, ProcessSet, ReduceOp
 from ..collectives.errors import InvalidArgumentError, UnsupportedDtypeError, UsageError
 from ._synchronized import SynchronizedSteps
-from .reducer import GradientReducer, predivide_factors
+from .gradient_reducer import GradientReducer, predivide_factors
 
 
 class TorchDistributedOptimizer(SynchronizedSteps, torch.optim.Optimizer):

@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..collectives import Compression, Max
-from ..collectives._allreduce import allreduce_plan, reduce_planned
-from ..collectives._process_sets import resolve_group
+from ..collectives.engine import allreduce_plan, reduce_planned, resolve_group
 from ..collectives.errors import UsageError
 
 _NAME = "join: ranks with data"

@@ -12,7 +12,7 @@ import pytest
 
 from ringtrain.collectives import InvalidArgumentError, UnsupportedDtypeError
 from ringtrain.collectives._buffers import device_tensor
-from ringtrain.collectives._device_calls import MPIMemory
+from ringtrain.collectives._device_memory import MPIMemory
 from ringtrain.collectives._staging import PinnedPool, host_array, to_device
 
 

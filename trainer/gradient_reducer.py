@@ -25,13 +25,10 @@ from typing import Any
 import numpy as np
 
 from ..collectives import Average, Compression, Compressor, ProcessSet, ReduceOp
-from ..collectives._allreduce import allreduce_plan, reduce_planned
-from ..collectives._buffers import device_tensor
-from ..collectives._calls import execute
-from ..collectives._executor import Handle
-from ..collectives._tracing import phase
+from ..collectives.engine import (AllreducePlan, Handle, allreduce_plan, device_tensor,
+                                  on_device, reduce_fused, reduce_planned, submit)
 from ..collectives.errors import InvalidArgumentError, UsageError
-from ..kernels import FusionLayout, host, pack, twin_for, unpack
+from ..kernels import FusionLayout, host, twin_for
 from ..kernels.dispatch import dtype_of
 from ..kernels.layout import DEFAULT_ALIGNMENT_BYTES
 from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec, assign_buckets
@@ -71,54 +68,34 @@ class Bucket:
         """Bytes of the bucket's gradients, padding included."""
         return self.layout.nbytes
 
-    def reduce(self, plan: Any, device_plan: Callable[[], Any], gradients: list[Any],
-               prescale_factor: float, postscale_factor: float,
+    def reduce(self, plan: AllreducePlan, device_plan: Callable[[], AllreducePlan],
+               gradients: list[Any], prescale_factor: float, postscale_factor: float,
                as_array: Callable[[Any], Any] | None) -> None:
         """Allreduce ``gradients`` in place (runs on the collectives thread): host arrays
-        as ``plan`` says, device arrays as ``device_plan()`` says."""
+        as ``plan`` says, device arrays as ``device_plan()`` says (GPU casts, copies
+        through pinned host memory pipelined with the reduction, or device memory handed
+        to a CUDA-aware MPI), packed into the bucket's buffer and unpacked on their side."""
         if as_array is not None:
             gradients = [as_array(g) for g in gradients]
-        twin = twin_for(gradients[0])
-        if twin is not host:
-            self._reduce_on_device(twin, device_plan(), gradients, prescale_factor,
-                                   postscale_factor)
-            return
-        if len(gradients) == 1 and gradients[0].flags.c_contiguous:
-            flat = gradients[0].reshape(-1)
-            reduce_planned(plan, _COLLECTIVE, self.name, flat, flat, prescale_factor,
-                           postscale_factor)
-            return
-        if self.buffer is None:
-            self.buffer = self.layout.empty_buffer()
-        with phase("pack", bytes=self.layout.nbytes, tensors=len(gradients)):
-            pack(self.layout, gradients, self.buffer, prescale_factor)
-        reduce_planned(plan, _COLLECTIVE, self.name, self.buffer, self.buffer, 1.0,
-                       postscale_factor)
-        with phase("unpack", bytes=self.layout.nbytes, tensors=len(gradients)):
-            unpack(self.layout, self.buffer, gradients)
-
-    def _reduce_on_device(self, device: Any, plan: Any, gradients: list[Any],
-                          prescale_factor: float, postscale_factor: float) -> None:
-        """Device gradients: pack on the GPU (one launch), reduce the fusion buffer as the
-        collectives reduce a device tensor (a compressor's casts on the GPU, copies
-        through pinned host memory pipelined with the reduction, or device memory handed
-        to a CUDA-aware MPI), unpack on the GPU; done when this returns."""
-        from ..collectives._device_calls import reduce_planned_on_device
         described = device_tensor(gradients[0], _COLLECTIVE, self.name)
-        with device.on_device(described.device):
-            described.wait_for_producer()
+        if described is None:
+            if len(gradients) == 1 and gradients[0].flags.c_contiguous:
+                flat = gradients[0].reshape(-1)
+                reduce_planned(plan, _COLLECTIVE, self.name, flat, flat, prescale_factor,
+                               postscale_factor)
+                return
+            if self.buffer is None:
+                self.buffer = self.layout.empty_buffer()
+            reduce_fused(plan, _COLLECTIVE, self.name, self.layout, gradients, self.buffer,
+                         prescale_factor, postscale_factor)
+            return
+        with on_device(described):
             if self.device_buffer is None:
-                self.device_buffer = device.empty((self.layout.total_size,),
-                                                  self.layout.dtype)
-            with phase("pack", bytes=self.layout.nbytes, tensors=len(gradients), device=True):
-                pack(self.layout, gradients, self.device_buffer, prescale_factor)
-            reduce_planned_on_device(plan, _COLLECTIVE, self.name, self.device_buffer,
-                                     self.device_buffer, 1.0, postscale_factor,
-                                     described.device)
-            with phase("unpack", bytes=self.layout.nbytes, tensors=len(gradients),
-                       device=True):
-                unpack(self.layout, self.device_buffer, gradients)
-                device.synchronize(self.device_buffer)
+                self.device_buffer = twin_for(gradients[0]).empty(
+                    (self.layout.total_size,), self.layout.dtype)
+            reduce_fused(device_plan(), _COLLECTIVE, self.name, self.layout, gradients,
+                         self.device_buffer, prescale_factor, postscale_factor,
+                         described.device)
 
 
 class GradientReducer:
@@ -323,29 +300,27 @@ class GradientReducer:
         """The plan of bucket ``index`` for device gradients, made when first needed."""
         plan = self._device_plans.get(index)
         if plan is None:
-            from ..collectives._device_calls import device_allreduce_plan
             op, postscale_factor, process_set, algorithm, compression = self._plan_arguments
             bucket = self.buckets[index]
-            plan = self._device_plans[index] = device_allreduce_plan(
+            plan = self._device_plans[index] = allreduce_plan(
                 self._bucket_spec(bucket), op, bucket.name, 1.0, postscale_factor,
-                process_set, algorithm, compression, _COLLECTIVE)
+                process_set, algorithm, compression, _COLLECTIVE, on_device=True)
         return plan
 
     def _launch_ready_buckets(self) -> None:
         while self._next_launch < len(self.buckets) and \
                 self._missing[self._next_launch] == 0:
             if self._next_launch == 0 and self.step_prologue is not None:
-                self._handles.append(execute(_COLLECTIVE, "step prologue",
-                                             functools.partial(self._step.run,
-                                                               self.step_prologue),
-                                             asynchronous=True))
+                self._handles.append(submit(_COLLECTIVE, "step prologue",
+                                            functools.partial(self._step.run,
+                                                              self.step_prologue)))
             bucket = self.buckets[self._next_launch]
             gradients = [self._gradients[i] for i in bucket.members]
             body = functools.partial(self._step.run, bucket.reduce, self._plans[bucket.index],
                                      functools.partial(self._device_plan, bucket.index),
                                      gradients, self._prescale, self._postscale,
                                      self._as_array)
-            self._handles.append(execute(_COLLECTIVE, bucket.name, body, asynchronous=True))
+            self._handles.append(submit(_COLLECTIVE, bucket.name, body))
             self._next_launch += 1
 
     def _reset(self) -> None:

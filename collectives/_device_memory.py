@@ -1,0 +1,154 @@
+"""Device memory for the collectives: tensors in GPU memory, through pinned host memory
+or handed to a CUDA-aware MPI.
+
+With a CUDA-aware MPI (see :mod:`.cuda_aware`) and the ``auto`` or ``native``
+algorithm, device pointers go straight to MPI's own collectives, after the stream that
+produced the tensor has finished (:class:`DirectMemory`). Otherwise, or for reductions
+MPI cannot do on device memory (16-bit floats, compression), reductions travel through
+pinned host memory in pipelined segments and ringtrain's algorithms run on the host
+copies (:class:`StagedMemory`; the other collectives run on a pinned copy, see
+:func:`._staging.staged`). Scaling, fusion and 16-bit casts run on the GPU, so fp16
+compression halves the bytes that cross PCIe. Every call returns once its results are
+in device memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ContextManager
+
+from mpi4py import MPI
+import numpy as np
+
+from ..kernels import device, divide_into, scale_into
+from ..kernels.reduction import Combine
+from . import _native
+from ._buffers import DeviceTensor
+from ._data_phase import Finisher
+from ._group import Group
+from ._memory import AWARE, STAGED, HostMemory
+from ._ops import ReduceOp
+from ._staging import scratch, through_host
+from ._topology import NodeLayout
+
+
+class MPIMemory:
+    """Device memory as mpi4py takes it: an object exposing ``__cuda_array_interface__``."""
+
+    def __init__(self, array: Any, dtype: Any = None):
+        address = device.address_of(array)
+        dtype = device.dtype_of(array) if dtype is None else np.dtype(dtype)
+        nbytes = device.byte_view(array).size
+        self.__cuda_array_interface__ = {
+            "version": 3, "data": (address, False), "shape": (nbytes // dtype.itemsize,),
+            "typestr": dtype.str, "strides": None, "stream": None}
+
+
+class _Entered:
+    """The context of a call on device tensors: their GPU current, their producers done."""
+
+    def __init__(self, tensors: tuple[DeviceTensor, ...], ordinal: int):
+        self._tensors = tensors
+        self._ordinal = ordinal
+        self._device: Any = None
+
+    def __enter__(self) -> None:
+        self._device = device.on_device(self._ordinal)
+        self._device.__enter__()
+        for tensor in self._tensors:
+            tensor.wait_for_producer()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._device.__exit__(*exc)
+
+
+class StagedMemory(HostMemory):
+    """Device memory on GPU ``ordinal``, reduced through pinned host memory."""
+
+    signature: str | None = STAGED
+    phase_args: dict[str, Any] = {"device": True}
+
+    def __init__(self, ordinal: int):
+        self.ordinal = ordinal
+
+    def entered(self, *tensors: DeviceTensor) -> ContextManager[Any]:
+        return _Entered(tensors, self.ordinal)
+
+    def new(self, like: DeviceTensor, shape: tuple[int, ...]) -> Any:
+        return like.new(shape)
+
+    def scratch(self, use: str, size: int, dtype: Any, kept: Any = None) -> Any:
+        return scratch(use, self.ordinal, size, dtype)
+
+    def scaled(self, source: Any, factor: float, target: Any) -> Any:
+        if factor != 1.0:
+            scale_into(source, factor, target)
+            source = target
+        return self.settled(source)
+
+    def settled(self, array: Any) -> Any:
+        device.synchronize(device.byte_view(array))
+        return array
+
+    def nbytes(self, array: Any) -> int:
+        return device.byte_view(array).size
+
+    def elements(self, array: Any) -> int:
+        return device.byte_view(array).size // device.dtype_of(array).itemsize
+
+    def copy(self, source: Any, target: Any) -> None:
+        scale_into(source, 1.0, target)
+        self.settled(target)
+
+    def for_mpi(self, array: Any, dtype: Any = None) -> MPIMemory:
+        return MPIMemory(array, dtype)
+
+    def finish(self, values: Any, finish: Finisher | None) -> None:
+        """Divide and scale on the GPU, rounding as the host does."""
+        if finish is not None:
+            if finish.divisor != 1:
+                divide_into(values, finish.divisor, values)
+            if finish.postscale_factor != 1.0:
+                scale_into(values, finish.postscale_factor, values)
+        self.settled(values)
+
+    def reduce(self, group: Group, algorithm: str, source: Any, result: Any, op: ReduceOp,
+               combine: Combine, finish: Callable[[Any], None] | None, segment_bytes: int,
+               encoding: str | None, layout: NodeLayout | None) -> None:
+        if group.size == 1:  # nothing to exchange: the result never leaves the GPU
+            if source is not result:
+                self.copy(source, result)
+            self.finish(result, finish)
+            return
+        through_host(group, algorithm, source, result, device.dtype_of(source), op, combine,
+                     finish, segment_bytes, encoding, layout, self.ordinal)
+
+
+class DirectMemory(StagedMemory):
+    """Device memory on GPU ``ordinal`` handed to a CUDA-aware MPI's own collectives."""
+
+    signature = AWARE
+
+    def reduce(self, group: Group, algorithm: str, source: Any, result: Any, op: ReduceOp,
+               combine: Combine, finish: Callable[[Any], None] | None, segment_bytes: int,
+               encoding: str | None, layout: NodeLayout | None) -> None:
+        nbytes = device.byte_view(result).size
+        if nbytes and group.size == 1 and source is not result:
+            self.copy(source, result)
+        elif nbytes and group.size > 1:
+            send = MPI.IN_PLACE if source is result else MPIMemory(source)
+            _native.allreduce(group, send, MPIMemory(result), _native.MPI_OPS[op], nbytes,
+                              device=True)
+        self.finish(result, finish)
+
+
+_memories: dict[tuple[bool, int], StagedMemory] = {}
+
+
+def device_memory(direct: bool, ordinal: int) -> StagedMemory:
+    """The memory of GPU ``ordinal``: handed to MPI when ``direct``, else staged."""
+    memory = _memories.get((direct, ordinal))
+    if memory is None:
+        memory = _memories[(direct, ordinal)] = \
+            (DirectMemory if direct else StagedMemory)(ordinal)
+    return memory

@@ -1,0 +1,186 @@
+"""Allreduce plans: a call's arguments validated, its algorithm chosen and its signature
+made once, before anything is sent, then reused by every call like it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..kernels import Compressor, FusionLayout, reducer
+from ._agreement import Call
+from ._checks import active_compressor, check_compression, check_reduction
+from ._data_phase import Finisher, finisher
+from ._memory import AWARE, STAGED, goes_direct
+from ._ops import ReduceOp, resolve_op
+from ._process_sets import ProcessSet, resolve_group
+from ._selection import allreduce_algorithm
+from ._topology import HIERARCHICAL, NodeLayout, layout_of
+from .config import current_settings
+
+
+def layout_field(layout: NodeLayout, algorithm: str) -> dict[str, str]:
+    """The call signature's ``layout`` field, for the algorithms that depend on it."""
+    return {"layout": layout.describe()} if algorithm in HIERARCHICAL else {}
+
+
+def memory_field(memory: str | None) -> dict[str, str]:
+    """The call signature's ``memory`` field: device calls only."""
+    return {"memory": memory} if memory else {}
+
+
+def _device_compressed(compression: Any, dtype: np.dtype) -> bool:
+    return isinstance(compression, Compressor) and compression.applies_to(dtype)
+
+
+class AllreducePlan:
+    """What one kind of allreduce call needs, validated and computed once, then reused.
+
+    Attributes:
+        group, settings, op, layout: the call's, resolved.
+        algorithm: the algorithm chosen.
+        memory: where the data travels (``None`` for host arrays; see :mod:`._memory`).
+        call: the signature the ranks compare.
+        compressor: the compressor that encodes the data, or None.
+        combine: reduces two ranks' values in the wire format.
+        finish: turns the sum into the result (None when nothing is to do).
+        wire: the host plan's own buffer for the compressed values.
+    """
+
+    __slots__ = ("group", "settings", "op", "algorithm", "call", "finish", "combine",
+                 "compressor", "wire", "layout", "memory")
+
+    def __init__(self, array: Any, op: Any, name: str | None, prescale_factor: float,
+                 postscale_factor: float, process_set: ProcessSet | None,
+                 algorithm: str | None, compression: Any, collective: str,
+                 on_device: bool = False):
+        self.memory: str | None = None
+        if on_device:
+            direct = not _device_compressed(compression, array.dtype) and goes_direct(
+                algorithm, current_settings().allreduce_algorithm, array.dtype)
+            algorithm = "native" if direct else algorithm
+            self.memory = AWARE if direct else STAGED
+        self.op = resolve_op(op, collective, name)
+        check_reduction(array, self.op, name, prescale_factor, postscale_factor, collective)
+        compression = check_compression(compression, collective, name)
+        self.compressor = active_compressor(compression, array.dtype, self.op, collective,
+                                            name)
+        wire_dtype = self.compressor.wire_dtype if self.compressor else array.dtype
+        self.group = resolve_group(process_set, collective, name)
+        self.settings = current_settings()
+        self.layout = layout_of(self.group, self.settings)
+        self.algorithm = allreduce_algorithm(algorithm, array.size * wire_dtype.itemsize,
+                                             self.group.size, self.settings, name, self.layout)
+        self.call = Call(collective="allreduce", name=name, op=self.op.name,
+                         dtype=array.dtype, shape=array.shape, algorithm=self.algorithm,
+                         segment_bytes=None if self.algorithm == "native"
+                         else self.settings.segment_bytes, compression=compression.name,
+                         **layout_field(self.layout, self.algorithm),
+                         **memory_field(self.memory))
+        self.finish: Finisher | None = finisher(
+            self.group.size if self.op is ReduceOp.Average else 1, postscale_factor)
+        self.combine = reducer(self.op.value, wire_dtype,
+                               self.compressor.encoding if self.compressor else None)
+        self.wire = np.empty(array.size, wire_dtype) \
+            if self.compressor and not self.memory else None
+
+
+_plans: dict[tuple, AllreducePlan] = {}
+_PLANS_KEPT = 1024
+
+
+def allreduce_plan(array: Any, op: Any, name: str | None, prescale_factor: float,
+                   postscale_factor: float, process_set: ProcessSet | None,
+                   algorithm: str | None, compression: Any, collective: str,
+                   on_device: bool = False) -> AllreducePlan:
+    """The plan of an allreduce of arrays like ``array``, cached; rebuilt when the
+    settings or the world changed.
+
+    ``array`` needs ``shape``, ``dtype`` and ``size``. With ``on_device``, the data is in
+    GPU memory: MPI's own algorithm on device memory where :func:`._memory.goes_direct`
+    allows it, else the algorithm chosen for host copies; the signature's ``memory``
+    field says which. Raises what :func:`ringtrain.allreduce` raises before any
+    communication.
+    """
+    try:
+        key = (collective, array.shape, array.dtype, op, name, prescale_factor,
+               postscale_factor, process_set, algorithm, id(compression), on_device)
+        plan = _plans.get(key)
+    except TypeError:  # an unhashable argument: validation will say what is wrong
+        key, plan = None, None
+    if plan is not None and plan.settings is current_settings() and \
+            plan.group is resolve_group(process_set, collective, name):
+        return plan
+    plan = AllreducePlan(array, op, name, prescale_factor, postscale_factor, process_set,
+                         algorithm, compression, collective, on_device)
+    if key is not None:
+        if len(_plans) >= _PLANS_KEPT:
+            _plans.clear()
+        _plans[key] = plan
+    return plan
+
+
+class GroupedCall:
+    """A grouped allreduce of arrays like ``arrays`` (anything with ``shape`` and
+    ``dtype``), validated, and its signature.
+
+    Attributes:
+        op, compression, group, settings, layout: the call's, resolved.
+        memory: where the data travels (None for host arrays; see :mod:`._memory`).
+        members: the indices of the arrays of each dtype, in order.
+        fusion: the fusion layout of each dtype's arrays.
+        compressors: the compressor that encodes each dtype, or None.
+        chosen: the algorithm of each dtype's fused buffer (``algorithm`` for all when
+            given, else as ``auto`` or the requested one chooses by size; ``native`` for
+            device memory handed to MPI).
+        call: the signature the ranks compare.
+
+    Raises:
+        What :func:`grouped_allreduce` raises before any communication.
+    """
+
+    def __init__(self, arrays: Sequence[Any], op: Any, name: str | None,
+                 prescale_factor: float, postscale_factor: float,
+                 process_set: ProcessSet | None, algorithm: str | None, compression: Any,
+                 collective: str, on_device: bool = False):
+        self.op = resolve_op(op, collective, name)
+        for array in arrays:
+            check_reduction(array, self.op, name, prescale_factor, postscale_factor,
+                            collective)
+        self.compression = check_compression(compression, collective, name)
+        self.group = resolve_group(process_set, collective, name)
+        self.settings = current_settings()
+        self.layout = layout_of(self.group, self.settings)
+        self.members: dict[np.dtype, list[int]] = {}
+        for index, array in enumerate(arrays):
+            self.members.setdefault(np.dtype(array.dtype), []).append(index)
+        self.fusion = {dtype: FusionLayout.of([arrays[i] for i in members])
+                       for dtype, members in self.members.items()}
+        self.compressors = {dtype: active_compressor(self.compression, dtype, self.op,
+                                                     collective, name)
+                            for dtype in self.members}
+        self.memory: str | None = None
+        if on_device:
+            direct = not any(self.compressors.values()) and all(
+                goes_direct(algorithm, self.settings.allreduce_algorithm, dtype)
+                for dtype in self.members)
+            self.memory = AWARE if direct else STAGED
+        self.chosen = {dtype: "native" if self.memory == AWARE else allreduce_algorithm(
+            algorithm, self._wire_bytes(dtype), self.group.size, self.settings, name,
+            self.layout) for dtype in self.members}
+        hierarchical = next((c for c in self.chosen.values() if c in HIERARCHICAL), "")
+        self.call = Call(collective="grouped_allreduce", name=name, op=self.op.name,
+                         dtype=tuple(np.dtype(a.dtype) for a in arrays),
+                         shape=tuple(tuple(a.shape) for a in arrays),
+                         algorithm=tuple(self.chosen[np.dtype(a.dtype)] for a in arrays),
+                         segment_bytes=self.settings.segment_bytes,
+                         compression=self.compression.name,
+                         **memory_field(self.memory),
+                         **layout_field(self.layout, hierarchical))
+
+    def _wire_bytes(self, dtype: np.dtype) -> int:
+        """Bytes on the wire of one dtype's fused buffer."""
+        compressor = self.compressors[dtype]
+        return self.fusion[dtype].total_size * \
+            (compressor.wire_dtype.itemsize if compressor else dtype.itemsize)

@@ -1,0 +1,56 @@
+"""The collectives' engine: what the trainer (and any other front end built on the
+collectives) may use besides the public API. Everything else in ``collectives`` whose
+name starts with ``_`` is private to it.
+
+The contract:
+
+- :func:`allreduce_plan` validates an allreduce of buffers like a given one once (host
+  arrays, or with ``on_device=True`` device memory) and returns its plan; :func:`reduce_planned`
+  runs it on a flat buffer and :func:`reduce_fused` on tensors packed into a fusion
+  buffer. Both must run in program order on every rank: inside a body given to
+  :func:`execute` or :func:`submit`.
+- :func:`execute` runs a body in program order on the caller's thread (or returns a
+  :class:`Handle` with ``asynchronous=True``); :func:`submit` queues it on the
+  collectives thread and returns its :class:`Handle`.
+- :func:`phase` records a phase of the call in progress on the timeline.
+- :func:`device_tensor` describes a tensor in GPU memory (None for host tensors), and
+  :func:`on_device` is the context a call on it runs in (its GPU current, its producer
+  stream finished).
+- :func:`resolve_group` gives the group of a process set, :func:`end_of_sequence` closes
+  a sequence of collectives that every rank must have made alike, :data:`COPY_DTYPES`
+  are the dtypes the collectives move.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ContextManager
+
+from ._allreduce_run import reduce_fused, reduce_planned
+from ._buffers import DeviceTensor, device_tensor
+from ._calls import execute
+from ._executor import Handle
+from ._memory import STAGED
+from ._placement import memory_for
+from ._objects import end_of_sequence
+from ._ops import COPY_DTYPES
+from ._plans import AllreducePlan, allreduce_plan
+from ._process_sets import resolve_group
+from ._tracing import phase
+
+__all__ = [
+    "AllreducePlan", "COPY_DTYPES", "DeviceTensor", "Handle", "allreduce_plan",
+    "device_tensor", "end_of_sequence", "execute", "on_device", "phase", "reduce_fused",
+    "reduce_planned", "resolve_group", "submit",
+]
+
+
+def submit(collective: str, name: str | None, body: Callable[[], Any]) -> Handle:
+    """Queue ``body`` on the collectives thread, in program order; its handle."""
+    return execute(collective, name, body, asynchronous=True)
+
+
+def on_device(tensor: DeviceTensor) -> ContextManager[Any]:
+    """The context of a call on device ``tensor``: its GPU current, and the stream that
+    produced it finished."""
+    return memory_for(STAGED, tensor.device).entered(tensor)

@@ -1,0 +1,139 @@
+"""The library's module structure: no import cycles, and the trainer uses only the
+collectives' public API and their engine (``ringtrain.collectives.engine``).
+
+Imports are read from the source (every import statement, also those inside functions),
+so a cycle hidden behind an import placed in a function is found too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_DIRS = {
+    "ringtrain": ROOT / "ringtrain",
+    "ringtrain.collectives": ROOT / "collectives",
+    "ringtrain.kernels": ROOT / "kernels",
+    "ringtrain.trainer": ROOT / "trainer",
+    "ringtrain.launcher": ROOT / "launcher",
+}
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the library by dotted name (packages by their ``__init__``)."""
+    modules: dict[str, Path] = {}
+    for package, folder in PACKAGE_DIRS.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+MODULES = _modules()
+
+
+def _package_of(module: str) -> str:
+    return module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _imports(module: str) -> set[str]:
+    """The library modules that ``module`` imports (resolving ``from . import x`` to the
+    submodule ``x`` where there is one)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = _package_of(module).split(".")
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base
+                       for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                found.add(target)
+    return found
+
+
+GRAPH = {module: _imports(module) for module in MODULES}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for successor in sorted(graph[node]):
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in on_stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return components
+
+
+def test_the_module_list_is_complete() -> None:
+    assert "ringtrain.collectives.engine" in MODULES
+    assert "ringtrain.trainer.gradient_reducer" in MODULES
+    assert len(MODULES) > 90
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles() -> None:
+    cycles = _cycles(GRAPH)
+    assert not cycles, "modules that import each other (directly or through others): " + \
+        "; ".join(" <-> ".join(cycle) for cycle in cycles)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("ringtrain.trainer")))
+def test_the_trainer_uses_no_private_collectives_module(module: str) -> None:
+    private = sorted(target for target in GRAPH[module]
+                     if target.startswith("ringtrain.collectives.")
+                     and any(part.startswith("_") for part in target.split(".")[2:]))
+    assert not private, f"{module} imports {private}; use ringtrain.collectives.engine"
+
+
+def test_collectives_and_kernels_do_not_import_upwards() -> None:
+    upward = {m: sorted(t for t in GRAPH[m] if t.startswith(("ringtrain.trainer",
+                                                             "ringtrain.launcher")))
+              for m in MODULES if m.startswith(("ringtrain.collectives", "ringtrain.kernels"))}
+    assert not {m: t for m, t in upward.items() if t}
+    kernels_up = {m: sorted(t for t in GRAPH[m] if t.startswith("ringtrain.collectives"))
+                  for m in MODULES if m.startswith("ringtrain.kernels")}
+    assert not {m: t for m, t in kernels_up.items() if t}
