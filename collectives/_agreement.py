@@ -42,7 +42,7 @@ from . import _recursive_doubling
 from ._activity import ACTIVITY
 from ._tracing import phase
 from ._group import Group
-from .errors import MismatchError, UsageError, format_ranks, subject
+from .errors import ABSENT, MismatchError, UsageError, format_ranks, subject
 
 HEADER_BYTES = 40
 SIGNATURE_BYTES = 16
@@ -278,7 +278,7 @@ def resolve(everyone: list[dict[str, Any]]) -> Outcome:
         return Outcome(again=waiting, failing=(), joined=joined,
                        replay=everyone[waiting[0]] if waiting else None)
     fields = everyone[active[0]]
-    replayable = fields.get("collective") in REPLAYABLE and \
+    replayable = fields.get("collective") in REPLAYABLE and "refused" not in fields and \
         fields.get("compression", "none") in REPLAYABLE_COMPRESSION
     if joined and replayable:
         return Outcome(again=active, failing=(), joined=joined, replay=fields)
@@ -288,10 +288,12 @@ def resolve(everyone: list[dict[str, Any]]) -> Outcome:
 
 def _mismatch_error(group: Group, everyone: list[dict[str, Any]],
                     failing: tuple[int, ...]) -> MismatchError:
-    names = list(dict.fromkeys(name for description in everyone for name in description))
+    refused = any("refused" in description for description in everyone)
+    names = ["refused"] if refused else \
+        list(dict.fromkeys(name for description in everyone for name in description))
     differences = {}
     for name in names:
-        values = {group.world_ranks[r]: description.get(name, "(absent)")
+        values = {group.world_ranks[r]: description.get(name, ABSENT)
                   for r, description in enumerate(everyone)}
         if len({repr(v) for v in values.values()}) > 1:
             differences[name] = values

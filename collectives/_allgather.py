@@ -10,7 +10,7 @@ import numpy as np
 from . import _hierarchical, _native, _ring
 from ._agreement import Call, agree
 from ._buffers import device_tensor, results_like
-from ._calls import execute
+from ._calls import collective_call
 from ._checks import flat, input_array
 from ._executor import Handle
 from ._group import Group
@@ -40,17 +40,18 @@ def allgather(tensor: np.ndarray, name: str | None = None,
     Returns:
         A new array of shape ``(sum of first dimensions, *tensor.shape[1:])``.
     """
-    return execute("allgather", name, _prepare(tensor, name, process_set, algorithm),
-                   restore=results_like(tensor))
+    return collective_call("allgather", name, process_set,
+                           lambda: _prepare(tensor, name, process_set, algorithm),
+                           restore=results_like(tensor))
 
 
 def allgather_async(tensor: np.ndarray, name: str | None = None,
                     process_set: ProcessSet | None = None, *,
                     algorithm: str | None = None) -> Handle:
     """Start :func:`allgather`; ``synchronize(handle)`` returns the new array."""
-    return execute("allgather", name, _prepare(tensor, name, process_set, algorithm),
-                   asynchronous=True,
-                   restore=results_like(tensor))
+    return collective_call("allgather", name, process_set,
+                           lambda: _prepare(tensor, name, process_set, algorithm),
+                           asynchronous=True, restore=results_like(tensor))
 
 
 def gather_rows(group: Group, rows: Any, row_shape: tuple[int, ...], algorithm: str,

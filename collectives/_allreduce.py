@@ -12,7 +12,7 @@ import numpy as np
 from ..kernels import Compression, Compressor
 from ._allreduce_run import reduce_grouped, reduce_planned
 from ._buffers import device_tensor, results_like, returns_itself
-from ._calls import execute
+from ._calls import collective_call
 from ._checks import flat, in_place_array, input_array
 from ._executor import Handle
 from ._placement import memory_for
@@ -55,10 +55,10 @@ def allreduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | N
         InvalidArgumentError, UnsupportedDtypeError: bad arguments, before any
             communication.
     """
-    run = prepare(tensor, op, name, prescale_factor, postscale_factor, process_set,
-                  algorithm, compression, in_place=False)
-    return execute("allreduce", name, run,
-                   restore=results_like(tensor))
+    return collective_call("allreduce", name, process_set,
+                           lambda: prepare(tensor, op, name, prescale_factor, postscale_factor,
+                                           process_set, algorithm, compression, in_place=False),
+                           restore=results_like(tensor))
 
 
 def allreduce_(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | None = None,
@@ -67,10 +67,10 @@ def allreduce_(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | 
                algorithm: str | None = None,
                compression: Compressor = Compression.none) -> np.ndarray:
     """In-place :func:`allreduce`: ``tensor`` receives the result and is returned."""
-    run = prepare(tensor, op, name, prescale_factor, postscale_factor, process_set,
-                  algorithm, compression, in_place=True)
-    return execute("allreduce_", name, run,
-                   restore=returns_itself(tensor))
+    return collective_call("allreduce_", name, process_set,
+                           lambda: prepare(tensor, op, name, prescale_factor, postscale_factor,
+                                           process_set, algorithm, compression, in_place=True),
+                           restore=returns_itself(tensor))
 
 
 def allreduce_async(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
@@ -82,10 +82,10 @@ def allreduce_async(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
 
     ``tensor`` must not be modified until the handle is complete.
     """
-    run = prepare(tensor, op, name, prescale_factor, postscale_factor, process_set,
-                  algorithm, compression, in_place=False)
-    return execute("allreduce", name, run, asynchronous=True,
-                   restore=results_like(tensor))
+    return collective_call("allreduce", name, process_set,
+                           lambda: prepare(tensor, op, name, prescale_factor, postscale_factor,
+                                           process_set, algorithm, compression, in_place=False),
+                           asynchronous=True, restore=results_like(tensor))
 
 
 def allreduce_async_(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
@@ -94,10 +94,10 @@ def allreduce_async_(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
                      algorithm: str | None = None,
                      compression: Compressor = Compression.none) -> Handle:
     """Start :func:`allreduce_`; ``tensor`` holds the result once the handle is complete."""
-    run = prepare(tensor, op, name, prescale_factor, postscale_factor, process_set,
-                  algorithm, compression, in_place=True)
-    return execute("allreduce_", name, run, asynchronous=True,
-                   restore=returns_itself(tensor))
+    return collective_call("allreduce_", name, process_set,
+                           lambda: prepare(tensor, op, name, prescale_factor, postscale_factor,
+                                           process_set, algorithm, compression, in_place=True),
+                           asynchronous=True, restore=returns_itself(tensor))
 
 
 def grouped_allreduce(tensors: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Average,
@@ -113,10 +113,11 @@ def grouped_allreduce(tensors: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Ave
     Returns:
         New arrays, one per input, in order.
     """
-    run = prepare_grouped(tensors, op, name, prescale_factor, postscale_factor, process_set,
-                          algorithm, compression, in_place=False)
-    return execute("grouped_allreduce", name, run,
-                   restore=results_like(tensors))
+    return collective_call("grouped_allreduce", name, process_set,
+                           lambda: prepare_grouped(tensors, op, name, prescale_factor,
+                                                   postscale_factor, process_set, algorithm,
+                                                   compression, in_place=False),
+                           restore=results_like(tensors))
 
 
 def grouped_allreduce_(tensors: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Average,
@@ -125,10 +126,11 @@ def grouped_allreduce_(tensors: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Av
                        algorithm: str | None = None,
                        compression: Compressor = Compression.none) -> list[np.ndarray]:
     """In-place :func:`grouped_allreduce`; returns the input arrays, now reduced."""
-    run = prepare_grouped(tensors, op, name, prescale_factor, postscale_factor, process_set,
-                          algorithm, compression, in_place=True)
-    return execute("grouped_allreduce_", name, run,
-                   restore=returns_itself(tensors))
+    return collective_call("grouped_allreduce_", name, process_set,
+                           lambda: prepare_grouped(tensors, op, name, prescale_factor,
+                                                   postscale_factor, process_set, algorithm,
+                                                   compression, in_place=True),
+                           restore=returns_itself(tensors))
 
 
 def grouped_allreduce_async(tensors: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Average,
@@ -138,10 +140,11 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray], op: ReduceOp = Reduce
                             algorithm: str | None = None,
                             compression: Compressor = Compression.none) -> Handle:
     """Start :func:`grouped_allreduce`; ``synchronize(handle)`` returns the list."""
-    run = prepare_grouped(tensors, op, name, prescale_factor, postscale_factor, process_set,
-                          algorithm, compression, in_place=False)
-    return execute("grouped_allreduce", name, run, asynchronous=True,
-                   restore=results_like(tensors))
+    return collective_call("grouped_allreduce", name, process_set,
+                           lambda: prepare_grouped(tensors, op, name, prescale_factor,
+                                                   postscale_factor, process_set, algorithm,
+                                                   compression, in_place=False),
+                           asynchronous=True, restore=results_like(tensors))
 
 
 def grouped_allreduce_async_(tensors: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Average,
@@ -151,10 +154,11 @@ def grouped_allreduce_async_(tensors: Sequence[np.ndarray], op: ReduceOp = Reduc
                              algorithm: str | None = None,
                              compression: Compressor = Compression.none) -> Handle:
     """Start :func:`grouped_allreduce_`."""
-    run = prepare_grouped(tensors, op, name, prescale_factor, postscale_factor, process_set,
-                          algorithm, compression, in_place=True)
-    return execute("grouped_allreduce_", name, run, asynchronous=True,
-                   restore=returns_itself(tensors))
+    return collective_call("grouped_allreduce_", name, process_set,
+                           lambda: prepare_grouped(tensors, op, name, prescale_factor,
+                                                   postscale_factor, process_set, algorithm,
+                                                   compression, in_place=True),
+                           asynchronous=True, restore=returns_itself(tensors))
 
 
 def prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,

@@ -10,7 +10,7 @@ import numpy as np
 from . import _native, _pairwise
 from ._agreement import Call, agree
 from ._buffers import device_tensor, results_like
-from ._calls import execute
+from ._calls import collective_call
 from ._checks import check_splits, check_splittable, flat, input_array
 from ._executor import Handle
 from ._memory import AWARE, HOST, goes_direct
@@ -38,17 +38,18 @@ def alltoall(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = Non
         ``(received, received_splits)``: the rows from every rank concatenated in rank
         order, and how many rows came from each rank (int64).
     """
-    return execute("alltoall", name, _prepare(tensor, splits, name, process_set, algorithm),
-                   restore=results_like(tensor))
+    return collective_call("alltoall", name, process_set,
+                           lambda: _prepare(tensor, splits, name, process_set, algorithm),
+                           restore=results_like(tensor))
 
 
 def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = None,
                    name: str | None = None, process_set: ProcessSet | None = None, *,
                    algorithm: str | None = None) -> Handle:
     """Start :func:`alltoall`; ``synchronize(handle)`` returns ``(received, received_splits)``."""
-    return execute("alltoall", name, _prepare(tensor, splits, name, process_set, algorithm),
-                   asynchronous=True,
-                   restore=results_like(tensor))
+    return collective_call("alltoall", name, process_set,
+                           lambda: _prepare(tensor, splits, name, process_set, algorithm),
+                           asynchronous=True, restore=results_like(tensor))
 
 
 def _prepare(tensor: Any, splits: Any, name: str | None, process_set: ProcessSet | None,

@@ -10,7 +10,7 @@ import numpy as np
 from . import _broadcast_algorithms, _hierarchical, _native
 from ._agreement import Call, agree
 from ._buffers import device_tensor, results_like, returns_itself
-from ._calls import execute
+from ._calls import collective_call
 from ._checks import flat, in_place_array, input_array, root_in_group
 from ._executor import Handle
 from ._group import Group
@@ -39,36 +39,40 @@ def broadcast(tensor: np.ndarray, root_rank: int, name: str | None = None,
     Raises:
         MismatchError: ranks passed different shapes, dtypes, roots or names.
     """
-    return execute("broadcast", name, _prepare(tensor, root_rank, name, process_set,
-                                               algorithm, in_place=False),
-                   restore=results_like(tensor))
+    return collective_call("broadcast", name, process_set,
+                           lambda: _prepare(tensor, root_rank, name, process_set, algorithm,
+                                            in_place=False),
+                           restore=results_like(tensor))
 
 
 def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None,
                process_set: ProcessSet | None = None, *,
                algorithm: str | None = None) -> np.ndarray:
     """In-place :func:`broadcast`: ``tensor`` receives the root's data and is returned."""
-    return execute("broadcast_", name, _prepare(tensor, root_rank, name, process_set,
-                                                algorithm, in_place=True),
-                   restore=returns_itself(tensor))
+    return collective_call("broadcast_", name, process_set,
+                           lambda: _prepare(tensor, root_rank, name, process_set, algorithm,
+                                            in_place=True),
+                           restore=returns_itself(tensor))
 
 
 def broadcast_async(tensor: np.ndarray, root_rank: int, name: str | None = None,
                     process_set: ProcessSet | None = None, *,
                     algorithm: str | None = None) -> Handle:
     """Start :func:`broadcast`; ``synchronize(handle)`` returns the new array."""
-    return execute("broadcast", name, _prepare(tensor, root_rank, name, process_set,
-                                               algorithm, in_place=False), asynchronous=True,
-                   restore=results_like(tensor))
+    return collective_call("broadcast", name, process_set,
+                           lambda: _prepare(tensor, root_rank, name, process_set, algorithm,
+                                            in_place=False),
+                           asynchronous=True, restore=results_like(tensor))
 
 
 def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None,
                      process_set: ProcessSet | None = None, *,
                      algorithm: str | None = None) -> Handle:
     """Start :func:`broadcast_`."""
-    return execute("broadcast_", name, _prepare(tensor, root_rank, name, process_set,
-                                                algorithm, in_place=True), asynchronous=True,
-                   restore=returns_itself(tensor))
+    return collective_call("broadcast_", name, process_set,
+                           lambda: _prepare(tensor, root_rank, name, process_set, algorithm,
+                                            in_place=True),
+                           asynchronous=True, restore=returns_itself(tensor))
 
 
 def broadcast_bytes(group: Group, data: Any, root: int, algorithm: str,

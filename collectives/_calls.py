@@ -11,12 +11,18 @@ from mpi4py import MPI
 
 from . import timeline
 from ._activity import ACTIVITY
+from ._agreement import Call, agree
 from ._buffers import Restore
 from ._executor import Handle
+from ._process_sets import ProcessSet, resolve_group
 from ._tracing import call_span
 from ._world import mpi_threads_supported, world
-from .errors import CommunicationError, RingtrainError, subject
+from .errors import (CommunicationError, InvalidArgumentError, RingtrainError,
+                     UnsupportedDtypeError, subject)
 from .logs import LOGGER, log_call
+
+LOCAL_REFUSALS = (InvalidArgumentError, UnsupportedDtypeError)
+"""What a rank refuses on its own, before communicating: bad arguments, a bad dtype."""
 
 
 def execute(collective: str, name: str | None, body: Callable[[], Any],
@@ -37,6 +43,53 @@ def execute(collective: str, name: str | None, body: Callable[[], Any],
             f"thread support (MPI_THREAD_SERIALIZED or better is needed); leave "
             f"mpi4py.rc.thread_level at its default 'multiple'")
     return executor.submit(_guarded, arguments, collective, name)
+
+
+def collective_call(collective: str, name: str | None, process_set: ProcessSet | None,
+                    prepare: Callable[[], Callable[[], Any]], asynchronous: bool = False,
+                    restore: Restore | None = None) -> Any:
+    """Validate a collective with ``prepare()`` and run the body it returns, as
+    :func:`execute` does.
+
+    A call this rank refuses (``prepare`` raises one of :data:`LOCAL_REFUSALS`) still
+    takes part in the agreement, carrying the reason, so that the other ranks, whose
+    calls were valid, raise a :class:`~ringtrain.MismatchError` naming this rank and why
+    in the same round trip instead of waiting for it; this rank raises its own error.
+    Nothing more is sent when every rank's call is valid.
+    """
+    try:
+        body = prepare()
+    except LOCAL_REFUSALS as error:
+        refusal = _refusal(collective, name, process_set, error)
+        if refusal is None:
+            raise
+        if asynchronous:
+            execute(collective, name, refusal, asynchronous=True)
+            raise
+        return execute(collective, name, refusal)
+    return execute(collective, name, body, asynchronous, restore)
+
+
+def _refusal(collective: str, name: str | None, process_set: ProcessSet | None,
+             error: RingtrainError) -> Callable[[], Any] | None:
+    """The body that tells the other ranks of ``error`` through the agreement, then
+    raises it; None where there is no one to tell."""
+    try:
+        group = resolve_group(process_set, collective, name)
+    except RingtrainError:
+        return None
+    if group.size == 1:
+        return None
+    call = Call(collective=collective.rstrip("_"), name=name, refused=str(error))
+
+    def refuse() -> Any:
+        try:
+            agree(group, call)
+        except RingtrainError:  # the others' calls differ: they raise, this rank says why
+            pass
+        raise error
+
+    return refuse
 
 
 def _restored(body: Callable[[], Any], restore: Restore) -> Callable[[], Any]:

@@ -11,7 +11,7 @@ from ..kernels import reducer
 from . import _native, _ring
 from ._agreement import Call, agree
 from ._buffers import device_tensor, results_like
-from ._calls import execute
+from ._calls import collective_call
 from ._checks import check_reduction, check_splittable, flat, input_array
 from ._data_phase import finisher
 from ._executor import Handle
@@ -41,9 +41,10 @@ def reducescatter(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str
     Returns:
         A new array of shape ``(rows of this rank, *tensor.shape[1:])``.
     """
-    return execute("reducescatter", name, _prepare(tensor, op, name, prescale_factor,
-                                                   postscale_factor, process_set, algorithm),
-                   restore=results_like(tensor))
+    return collective_call("reducescatter", name, process_set,
+                           lambda: _prepare(tensor, op, name, prescale_factor, postscale_factor,
+                                            process_set, algorithm),
+                           restore=results_like(tensor))
 
 
 def reducescatter_async(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
@@ -51,10 +52,10 @@ def reducescatter_async(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
                         postscale_factor: float = 1.0, process_set: ProcessSet | None = None,
                         *, algorithm: str | None = None) -> Handle:
     """Start :func:`reducescatter`; ``synchronize(handle)`` returns this rank's share."""
-    return execute("reducescatter", name,
-                   _prepare(tensor, op, name, prescale_factor, postscale_factor, process_set,
-                            algorithm), asynchronous=True,
-                   restore=results_like(tensor))
+    return collective_call("reducescatter", name, process_set,
+                           lambda: _prepare(tensor, op, name, prescale_factor, postscale_factor,
+                                            process_set, algorithm),
+                           asynchronous=True, restore=results_like(tensor))
 
 
 def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,

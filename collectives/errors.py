@@ -92,6 +92,9 @@ def _describe_mismatch(collective: str, tensor_name: str | None,
                        differences: Mapping[str, Mapping[int, Any]]) -> str:
     parts = []
     for field, by_rank in differences.items():
+        if field == "refused":
+            parts.append(_describe_refusals(by_rank))
+            continue
         groups: dict[str, list[int]] = {}
         for rank in sorted(by_rank):
             groups.setdefault(_show(by_rank[rank]), []).append(rank)
@@ -101,6 +104,17 @@ def _describe_mismatch(collective: str, tensor_name: str | None,
                                for value, ranks in ordered))
     return (f"{collective} of tensor {tensor_label(tensor_name)} was called with different "
             f"arguments across ranks: " + "; ".join(parts))
+
+
+def _describe_refusals(by_rank: Mapping[int, Any]) -> str:
+    """Which ranks refused the call, and why (each reason names its rank)."""
+    refusing = sorted(rank for rank, reason in by_rank.items() if reason != ABSENT)
+    reasons = "; ".join(dict.fromkeys(str(by_rank[rank]) for rank in refusing))
+    return f"{format_ranks(refusing)} refused the call before sending anything ({reasons})"
+
+
+ABSENT = "(absent)"
+"""How a field a rank did not send shows in a MismatchError."""
 
 
 def _show(value: Any) -> str:

@@ -1,5 +1,5 @@
 """Calls that differ across ranks (MismatchError on every rank) and bad arguments
-(refused before any communication).
+(refused by the rank that made them, which tells the others through the agreement).
 
 Every mismatch check makes the last rank (or rank 0) differ, expects a MismatchError on
 every rank with the documented message, and then proves the library still works with a
@@ -10,6 +10,7 @@ Run: mpiexec -n K python tests/mpi/mismatch.py [--only SUBSTRING]
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -615,11 +616,11 @@ def bad_calls() -> list[tuple[str, type[BaseException], Callable[[], object], li
 
 
 @check
-def bad_arguments_raise_before_any_communication():
-    """Each rank makes the bad calls a different number of times: had any of them sent a
-    message, the collectives after them would fail or hang."""
+def bad_arguments_raise_on_the_rank_that_made_them():
+    """Every rank makes the same bad calls: each raises its own error (naming the rank),
+    and the library still works after them."""
     k, me = rt.size(), rt.rank()
-    for repeat in range(me + 1):
+    for repeat in range(2):
         for label, exception, call, parts in bad_calls():
             try:
                 error = expect_raises(exception, call, match=parts)
@@ -636,6 +637,52 @@ def bad_arguments_raise_before_any_communication():
     assert rt.allgather_object(me) == list(range(k))
 
 
+def refused_on_one_rank() -> list[tuple[str, type[BaseException], Callable[[bool], object]]]:
+    """(label, the refusing rank's exception, call): ``call(refuse)`` makes the call
+    with a bad argument when ``refuse``, else the same call with good ones."""
+    k = rt.size()
+    f32, c64 = np.ones(2 * k, np.float32), np.ones(2 * k, np.complex64)
+    read_only = np.frombuffer(np.ones(2 * k, np.float32).tobytes(), np.float32)
+    Inv, Dt = rt.InvalidArgumentError, rt.UnsupportedDtypeError
+    return [
+        ("read-only in place", Inv,
+         lambda refuse: rt.allreduce_(read_only if refuse else f32.copy(), rt.Sum, name="t")),
+        ("unsupported dtype", Dt,
+         lambda refuse: rt.allreduce(c64 if refuse else f32, rt.Sum, name="t")),
+        ("bad root", Inv, lambda refuse: rt.broadcast(f32, k if refuse else 0, name="t")),
+        ("bad splits", Inv,
+         lambda refuse: rt.alltoall(f32, [1] * k if refuse else None, name="t")),
+        ("bad dtype in a group", Dt,
+         lambda refuse: rt.grouped_allreduce([f32, c64 if refuse else f32], rt.Sum, name="t")),
+        ("Average of integers in reducescatter", Inv,
+         lambda refuse: rt.reducescatter(np.ones(2 * k, np.int32 if refuse else np.float32),
+                                         rt.Average, name="t")),
+        ("bad algorithm in allgather", Inv,
+         lambda refuse: rt.allgather(f32, name="t", algorithm="tree" if refuse else None)),
+        ("async", Dt,
+         lambda refuse: rt.synchronize(rt.allreduce_async(c64 if refuse else f32, rt.Sum,
+                                                          name="t"))),
+    ]
+
+
+@check(min_size=2)
+def a_call_refused_on_one_rank_fails_on_every_rank():
+    """One rank refuses its call (a bad argument of its own): it raises its error, every
+    other rank a MismatchError naming it and why, all in one round trip, no hang."""
+    k, me = rt.size(), rt.rank()
+    refusing = k - 1
+    for label, exception, call in refused_on_one_rank():
+        started = time.perf_counter()
+        if me == refusing:
+            error = expect_raises(exception, call, True, match=[f"rank {me}: "])
+        else:
+            error = expect_raises(rt.MismatchError, call, False,
+                                  match=[f"rank {refusing} refused the call",
+                                         f"(rank {refusing}: "])
+            assert error.differences["refused"][refusing] != "(absent)", label
+        took = time.perf_counter() - started
+        assert took < 5.0, f"{label}: {took:.1f} s"
+        library_still_works()
 @check
 def exception_hierarchy():
     assert issubclass(rt.MismatchError, rt.RingtrainError)
