@@ -683,6 +683,8 @@ def a_call_refused_on_one_rank_fails_on_every_rank():
         took = time.perf_counter() - started
         assert took < 5.0, f"{label}: {took:.1f} s"
         library_still_works()
+
+
 @check
 def exception_hierarchy():
     assert issubclass(rt.MismatchError, rt.RingtrainError)
