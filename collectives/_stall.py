@@ -4,7 +4,8 @@ A collective starts with the agreement, where every rank waits until all ranks o
 set have entered the same call. When one rank never comes (it is computing, stuck,
 calling something else, or dead), the others would wait in silence. The inspector is a
 daemon thread on every rank, on a communicator of its own. Every
-``RINGTRAIN_STALL_CHECK_SECONDS`` (default 60; 0 turns it off) that this rank has waited
+``stall_check_seconds`` (:func:`ringtrain.configure`, or
+``RINGTRAIN_STALL_CHECK_SECONDS``; default 60; 0 turns it off) that this rank has waited
 in one agreement, it asks the other ranks of the set what they are doing, and logs a
 warning (the ``ringtrain`` logger, rank in the line) such as::
 
@@ -15,8 +16,8 @@ warning (the ``ringtrain`` logger, rank in the line) such as::
 
 Ranks answer from their own inspector thread, so a rank busy computing, sleeping or
 blocked in another collective still answers; one that does not answer within a few
-seconds is reported as such (dead, or holding the GIL). With
-``RINGTRAIN_STALL_SHUTDOWN_SECONDS`` set, a rank that has waited that long logs an error
+seconds is reported as such (dead, or holding the GIL). With ``stall_shutdown_seconds``
+(``RINGTRAIN_STALL_SHUTDOWN_SECONDS``) set, a rank that has waited that long logs an error
 naming the missing ranks and aborts the job (every rank ends with an error instead of
 waiting forever).
 
@@ -27,45 +28,20 @@ and probes its own communicator. It needs MPI_THREAD_MULTIPLE (mpi4py's default)
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-import warnings
 from typing import Any
 
 from mpi4py import MPI
 
+from ..variables import STALL_SHUTDOWN_SECONDS
 from ._activity import Activity, _ranks
 from .logs import LOGGER
 
-STALL_CHECK_VARIABLE = "RINGTRAIN_STALL_CHECK_SECONDS"
-STALL_SHUTDOWN_VARIABLE = "RINGTRAIN_STALL_SHUTDOWN_SECONDS"
-DEFAULT_STALL_CHECK_SECONDS = 60.0
 ANSWER_SECONDS = 3.0
 """How long a stalled rank waits for the others' answers."""
 
 _QUERY, _ANSWER = 1, 2
-
-
-def stall_settings(environ: Any = None) -> tuple[float, float]:
-    """``(check seconds, shutdown seconds)`` from the environment; 0 means off."""
-    environ = os.environ if environ is None else environ
-    return (_seconds(environ, STALL_CHECK_VARIABLE, DEFAULT_STALL_CHECK_SECONDS),
-            _seconds(environ, STALL_SHUTDOWN_VARIABLE, 0.0))
-
-
-def _seconds(environ: Any, variable: str, default: float) -> float:
-    text = environ.get(variable)
-    if text is None:
-        return default
-    try:
-        value = float(text)
-        if value < 0:
-            raise ValueError("must be >= 0")
-        return value
-    except ValueError as error:
-        warnings.warn(f"ignoring {variable}={text!r}: {error}", RuntimeWarning, stacklevel=3)
-        return default
 
 
 class StallInspector:
@@ -108,7 +84,7 @@ class StallInspector:
             waited = time.monotonic() - entry.started
             if self._shutdown and waited >= self._shutdown:
                 LOGGER.error("%s; aborting the job (%s=%g)",
-                             self._report(entry, waited), STALL_SHUTDOWN_VARIABLE,
+                             self._report(entry, waited), STALL_SHUTDOWN_SECONDS.name,
                              self._shutdown)
                 for handler in LOGGER.handlers:
                     handler.flush()

@@ -8,15 +8,17 @@ import os
 from mpi4py import MPI
 
 from ..kernels import set_host_threads
+from ..variables import TIMELINE
+from . import timeline
 from ._activity import ACTIVITY
 from ._executor import Executor
 from ._group import Group
-from ._stall import StallInspector, stall_settings
+from ._stall import StallInspector
+from .config import current_settings
 from .cuda_aware import CudaAwareness, cuda_awareness, query_mpi_library
 from .errors import NotInitializedError, set_rank
 from .gpu_choice import GPU_CHOICE_VARIABLE, GpuChoice, choose_gpu
 from .logs import LOGGER, configure_logging
-from .timeline import TIMELINE_VARIABLE, start_timeline, stop_timeline
 
 
 @dataclasses.dataclass
@@ -65,10 +67,10 @@ def init(comm: MPI.Comm | None = None) -> None:
     global _world, _generation
     if _world is not None:
         return
-    path = os.environ.get(TIMELINE_VARIABLE)
+    path = TIMELINE.read()
     if path:
         # Files are named by the job's ranks, also when ringtrain runs on a part of it.
-        start_timeline(path, MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
+        timeline.start_timeline(path, MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
     base = MPI.COMM_WORLD if comm is None else comm
     own = base.Dup()
     own.Set_name("ringtrain")
@@ -80,6 +82,7 @@ def init(comm: MPI.Comm | None = None) -> None:
     _world = World(Group(own, world_ranks), local_comm, cross_comm, Executor(), _generation,
                    node_keys=node_keys)
     set_rank(own.Get_rank())
+    timeline.set_world((own.Get_rank(), own.Get_size()))
     configure_logging(own.Get_rank())
     ACTIVITY.reset()
     _world.stall_inspector = _start_stall_inspector(own)
@@ -109,7 +112,8 @@ def _start_stall_inspector(own: MPI.Comm) -> StallInspector | None:
         return None
     # Every rank duplicates, whatever its settings say: Dup is collective.
     comm = own.Dup()
-    check_seconds, shutdown_seconds = stall_settings()
+    settings = current_settings()
+    check_seconds, shutdown_seconds = settings.stall_check_seconds, settings.stall_shutdown_seconds
     if check_seconds == 0 and shutdown_seconds == 0:
         comm.Free()
         return None
@@ -141,9 +145,10 @@ def shutdown() -> None:
     world.executor.close()
     if world.stall_inspector is not None:
         world.stall_inspector.stop()
-    stop_timeline()
+    timeline.stop_timeline()
     _world = None
     set_rank(None)
+    timeline.set_world(None)
     if not MPI.Is_finalized():
         for group in world.process_set_groups:
             group.free()
@@ -194,6 +199,7 @@ def cross_size() -> int:
     return world().cross_comm.Get_size()
 
 
-def mpi_threads_supported() -> bool:
-    """Whether MPI allows calls from more than one thread (needed by the async collectives)."""
+def mpi_thread_serialized() -> bool:
+    """Whether MPI allows calls from more than one thread, one at a time
+    (``MPI_THREAD_SERIALIZED`` or better: the asynchronous collectives need it)."""
     return MPI.Query_thread() >= MPI.THREAD_SERIALIZED

@@ -1,36 +1,38 @@
 """ringtrain's settings: one frozen object, every field overridable by a ``RINGTRAIN_*`` variable.
 
 Precedence: an explicit argument (:func:`configure`, or ``algorithm=`` on a call), then
-the environment variable, then the default. A malformed variable is ignored with a
-warning that names it. Settings that change which messages are sent (algorithms,
-segment size) are part of every call's signature, so ranks configured differently get
-a :class:`~ringtrain.MismatchError`, never a hang.
+the environment variable, then the default. The variables, their parsers and defaults
+are declared in :mod:`ringtrain.variables`; a malformed variable is ignored with a
+warning that names it. Settings that change which messages are sent (the algorithms
+they choose, the segment size, the node layout) are part of every call's signature, so
+ranks configured differently get a :class:`~ringtrain.MismatchError`, never a hang; the
+trainer's fusion threshold and the stall inspector's seconds are each rank's own.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
-import warnings
 from collections.abc import Mapping
+from typing import Any
 
+from ..variables import ALGORITHMS, environment_variable, parse_size, setting_variable
 from .errors import InvalidArgumentError
 
-ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "allreduce": ("auto", "ring", "recursive_doubling", "hierarchical", "node_leader",
-                  "native"),
-    "broadcast": ("auto", "pipeline", "binomial", "hierarchical", "native"),
-    "allgather": ("auto", "ring", "hierarchical", "native"),
-    "reducescatter": ("auto", "ring", "native"),
-    "alltoall": ("auto", "pairwise", "native"),
-}
-"""The algorithms each collective offers; ``auto`` picks by message and world size."""
+__all__ = ["ALGORITHMS", "Settings", "configure", "current_settings", "reset_settings",
+           "settings_from_environment", "environment_variable", "parse_size"]
+
+_TYPES: dict[str, type] = {"int": int, "float": float, "str": str}
+
+
+def _default(field: str) -> Any:
+    return setting_variable(field).default
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """Tunables of the collectives. Sizes are in bytes.
+    """Tunables of the collectives and the trainer. Sizes are in bytes.
+
+    The defaults are those of :mod:`ringtrain.variables`.
 
     Attributes:
         allreduce_algorithm: ``auto`` or one of ``ALGORITHMS["allreduce"]``.
@@ -51,74 +53,54 @@ class Settings:
         node_size: 0 takes the nodes from MPI's shared-memory split; k > 0 pretends
             that every k consecutive world ranks form a node (the last one may be
             smaller), so that the hierarchical algorithms can be tried on one machine.
+        fusion_threshold: the trainer's fusion bucket size limit (0: one gradient per
+            bucket); read when a gradient reducer or optimizer is built.
+        stall_check_seconds: the stall inspector reports a collective that has waited
+            this long (0: off); read by ``init``.
+        stall_shutdown_seconds: a collective that has waited this long aborts the job
+            (0: never); read by ``init``.
+        name_match_seconds: when threads made named calls in different orders on
+            different ranks, how long the ranks look for a name they all made before
+            they raise a MismatchError (the lowest rank's value decides).
     """
 
-    allreduce_algorithm: str = "auto"
-    broadcast_algorithm: str = "auto"
-    allgather_algorithm: str = "auto"
-    reducescatter_algorithm: str = "auto"
-    alltoall_algorithm: str = "auto"
-    recursive_doubling_max_bytes: int = 128 * 1024
-    segment_bytes: int = 256 * 1024
-    broadcast_pipeline_min_bytes: int = 512 * 1024
-    hierarchical_min_bytes: int = 256 * 1024
-    node_size: int = 0
+    allreduce_algorithm: str = _default("allreduce_algorithm")
+    broadcast_algorithm: str = _default("broadcast_algorithm")
+    allgather_algorithm: str = _default("allgather_algorithm")
+    reducescatter_algorithm: str = _default("reducescatter_algorithm")
+    alltoall_algorithm: str = _default("alltoall_algorithm")
+    recursive_doubling_max_bytes: int = _default("recursive_doubling_max_bytes")
+    segment_bytes: int = _default("segment_bytes")
+    broadcast_pipeline_min_bytes: int = _default("broadcast_pipeline_min_bytes")
+    hierarchical_min_bytes: int = _default("hierarchical_min_bytes")
+    node_size: int = _default("node_size")
+    fusion_threshold: int = _default("fusion_threshold")
+    stall_check_seconds: float = _default("stall_check_seconds")
+    stall_shutdown_seconds: float = _default("stall_shutdown_seconds")
+    name_match_seconds: float = _default("name_match_seconds")
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            expected = int if field.type == "int" else str
+            expected = _TYPES[field.type]
+            if expected is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+                object.__setattr__(self, field.name, value)
             if not isinstance(value, expected) or isinstance(value, bool):
                 raise InvalidArgumentError(
                     f"{field.name} must be {expected.__name__}, got {value!r}")
-        for collective, choices in ALGORITHMS.items():
-            value = getattr(self, f"{collective}_algorithm")
-            if value not in choices:
-                raise InvalidArgumentError(
-                    f"{collective}_algorithm={value!r} is not one of {', '.join(choices)}")
-        for field in ("recursive_doubling_max_bytes", "broadcast_pipeline_min_bytes",
-                      "hierarchical_min_bytes", "node_size"):
-            if getattr(self, field) < 0:
-                raise InvalidArgumentError(f"{field} must be >= 0, got {getattr(self, field)}")
-        if self.segment_bytes < 64:
-            raise InvalidArgumentError(f"segment_bytes must be >= 64, got {self.segment_bytes}")
-
-
-def environment_variable(field: str) -> str:
-    """The variable overriding a field: ``segment_bytes`` -> ``RINGTRAIN_SEGMENT_BYTES``."""
-    return "RINGTRAIN_" + field.upper()
-
-
-_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:I?B)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    """Parse ``"65536"``, ``"64K"``, ``"64KiB"`` or ``"1M"`` (binary units) into bytes."""
-    match = _SIZE.match(text)
-    if match is None:
-        raise ValueError(f"not a size: {text!r}")
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
+        for field in dataclasses.fields(self):
+            try:
+                setting_variable(field.name).validate(getattr(self, field.name))
+            except ValueError as error:
+                raise InvalidArgumentError(str(error)) from None
 
 
 def settings_from_environment(environ: Mapping[str, str] | None = None) -> Settings:
-    """Build :class:`Settings` from the defaults and the ``RINGTRAIN_*`` variables."""
-    environ = os.environ if environ is None else environ
-    values: dict[str, object] = {}
-    defaults = Settings()
-    for field in dataclasses.fields(Settings):
-        variable = environment_variable(field.name)
-        if variable not in environ:
-            continue
-        text = environ[variable]
-        try:
-            value: object = parse_size(text) if field.type == "int" else text.strip().lower()
-            dataclasses.replace(defaults, **{field.name: value})
-        except (ValueError, InvalidArgumentError) as error:
-            warnings.warn(f"ignoring {variable}={text!r}: {error}", RuntimeWarning, stacklevel=2)
-            continue
-        values[field.name] = value
-    return Settings(**values)
+    """Build :class:`Settings` from the defaults and the ``RINGTRAIN_*`` variables
+    (``environ``, default ``os.environ``); a malformed one is ignored with a warning."""
+    return Settings(**{field.name: setting_variable(field.name).read(environ)
+                       for field in dataclasses.fields(Settings)})
 
 
 _current: Settings | None = None

@@ -16,13 +16,16 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-CUDA_AWARE_VARIABLE = "RINGTRAIN_CUDA_AWARE_MPI"
+from ..variables import CUDA_AWARE_MPI, SWITCH_VALUES
+
+__all__ = ["CUDA_AWARE_VARIABLE", "MPIX_GPU_SUPPORT_CUDA", "SWITCH_VALUES", "CudaAwareness",
+           "cuda_awareness", "loaded_mpi_libraries", "query_mpi_library"]
+
+CUDA_AWARE_VARIABLE = CUDA_AWARE_MPI.name
 MPIX_GPU_SUPPORT_CUDA = 0
 """MPICH's ``MPIX_GPU_SUPPORT_CUDA`` (mpi.h)."""
 
 _MPI_LIBRARY = re.compile(r"^libmpi(_[A-Za-z0-9_]+)?\.so")
-SWITCH_VALUES = {"1": True, "yes": True, "true": True, "0": False, "no": False, "false": False}
-"""What an on/off environment variable may hold (lower case), and what it means."""
 
 
 @dataclass(frozen=True)
@@ -78,10 +81,8 @@ def cuda_awareness(environ: Mapping[str, str] | None = None,
     Raises:
         ValueError: the variable holds something other than 0/1 (yes/no, true/false).
     """
-    value = (os.environ if environ is None else environ).get(CUDA_AWARE_VARIABLE, "").strip()
-    if value:
-        if value.lower() not in SWITCH_VALUES:
-            raise ValueError(f"{CUDA_AWARE_VARIABLE}={value!r}: use 1 (MPI takes device "
-                             f"pointers) or 0 (stage through host memory)")
-        return CudaAwareness(SWITCH_VALUES[value.lower()], f"{CUDA_AWARE_VARIABLE}={value}")
+    aware = CUDA_AWARE_MPI.read(environ)
+    if aware is not None:
+        value = (CUDA_AWARE_MPI.text(environ) or "").strip()
+        return CudaAwareness(aware, f"{CUDA_AWARE_VARIABLE}={value}")
     return query_mpi_library(paths)

@@ -23,9 +23,9 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from .cuda_aware import SWITCH_VALUES
+from ..variables import GPU_BY_LOCAL_RANK
 
-GPU_CHOICE_VARIABLE = "RINGTRAIN_GPU_BY_LOCAL_RANK"
+GPU_CHOICE_VARIABLE = GPU_BY_LOCAL_RANK.name
 LIBCUDA = "libcuda.so.1"
 
 _CONTEXT = ctypes.c_void_p  # CUcontext (a pointer to an opaque struct)
@@ -150,21 +150,6 @@ def _open_driver(name: str) -> tuple[Driver | None, str]:
     return driver, ""
 
 
-def _enabled(environ: Mapping[str, str] = os.environ) -> bool:
-    """``RINGTRAIN_GPU_BY_LOCAL_RANK``: True unless set to 0 (no, false).
-
-    Raises:
-        ValueError: the variable holds something other than 0/1 (yes/no, true/false).
-    """
-    value = environ.get(GPU_CHOICE_VARIABLE, "").strip()
-    if not value:
-        return True
-    if value.lower() not in SWITCH_VALUES:
-        raise ValueError(f"{GPU_CHOICE_VARIABLE}={value!r}: use 1 (each rank uses the GPU "
-                         f"at its local rank) or 0 (leave the choice to the application)")
-    return SWITCH_VALUES[value.lower()]
-
-
 def _torch_choice() -> GpuChoice | None:
     """What torch chose, when its CUDA is initialized already (torch is never imported)."""
     torch = sys.modules.get("torch")
@@ -197,8 +182,8 @@ def choose_gpu(local_rank: int, environ: Mapping[str, str] = os.environ,
     Raises:
         ValueError: ``RINGTRAIN_GPU_BY_LOCAL_RANK`` is malformed (nothing was done).
     """
-    value = environ.get(GPU_CHOICE_VARIABLE, "").strip()
-    if not _enabled(environ):
+    if not GPU_BY_LOCAL_RANK.read(environ):
+        value = (GPU_BY_LOCAL_RANK.text(environ) or "").strip()
         return GpuChoice(None, f"turned off by {GPU_CHOICE_VARIABLE}={value}")
     by_torch = _torch_choice()
     if by_torch is not None:

@@ -20,16 +20,14 @@ ranks.) Checking the level costs one attribute test per call when it is off.
 from __future__ import annotations
 
 import logging
-import os
 import sys
-import warnings
 
+from ..variables import LOG_LEVEL, LOG_LEVELS, parse_log_level
 from ._activity import Entry
 
 LOGGER = logging.getLogger("ringtrain")
-LOG_LEVEL_VARIABLE = "RINGTRAIN_LOG_LEVEL"
-_LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING,
-           "ERROR": logging.ERROR, "CRITICAL": logging.CRITICAL}
+LOG_LEVEL_VARIABLE = LOG_LEVEL.name
+_LEVELS: dict[str, int] = {name: getattr(logging, name) for name in LOG_LEVELS}
 
 
 class _RankFilter(logging.Filter):
@@ -54,13 +52,9 @@ def configure_logging(rank: int) -> None:
     """Tag records with ``rank``, apply ``RINGTRAIN_LOG_LEVEL`` and, unless the
     application configured the logger itself, write to stderr (called by ``init``)."""
     _RANK_FILTER.rank = str(rank)
-    text = os.environ.get(LOG_LEVEL_VARIABLE)
-    if text is not None:
-        try:
-            set_log_level(text)
-        except ValueError as error:
-            warnings.warn(f"ignoring {LOG_LEVEL_VARIABLE}={text!r}: {error}", RuntimeWarning,
-                          stacklevel=3)
+    level = LOG_LEVEL.read()
+    if level is not None:
+        set_log_level(level)
     elif LOGGER.level == logging.NOTSET:
         LOGGER.setLevel(logging.WARNING)
     if not LOGGER.handlers:
@@ -75,10 +69,7 @@ def set_log_level(level: str | int) -> None:
         ValueError: an unknown level name.
     """
     if isinstance(level, str):
-        name = level.strip().upper()
-        if name not in _LEVELS:
-            raise ValueError(f"unknown log level {level!r}; one of {', '.join(_LEVELS)}")
-        level = _LEVELS[name]
+        level = _LEVELS[parse_log_level(level)]
     LOGGER.setLevel(level)
 
 

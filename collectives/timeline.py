@@ -82,13 +82,17 @@ import threading
 import time
 from typing import Any
 
-from ..launcher.timeline_merge import CLOSING, OPENING, TIMELINE_VARIABLE, rank_path
+from ..timeline_format import CLOSING, OPENING, TIMELINE_VARIABLE, rank_path
+from .errors import NotInitializedError
 
 __all__ = ["ACTIVE", "TIMELINE_VARIABLE", "Timeline", "rank_path", "start_timeline",
            "stop_timeline"]
 
 ACTIVE: Timeline | None = None
 """The running timeline of this process, or None."""
+
+_world_place: tuple[int, int] | None = None
+"""ringtrain's rank and size while it is initialized (see :func:`set_world`)."""
 
 _CLOSING = CLOSING.encode()
 _starting = threading.Lock()
@@ -294,6 +298,13 @@ class Timeline:
         return f"<Timeline of rank {self.rank} at {self.path!r}, {state}>"
 
 
+def set_world(place: tuple[int, int] | None) -> None:
+    """Tell the timeline ringtrain's ``(rank, size)``, the defaults of
+    :func:`start_timeline`: called by ``ringtrain.init``, and with None by ``shutdown``."""
+    global _world_place
+    _world_place = place
+
+
 def start_timeline(path: str, rank: int | None = None, size: int | None = None) -> None:
     """Start writing this process's timeline; it becomes :data:`ACTIVE`.
 
@@ -313,10 +324,12 @@ def start_timeline(path: str, rank: int | None = None, size: int | None = None) 
     """
     global ACTIVE
     if rank is None or size is None:
-        from . import _world  # here, not at the top: it imports mpi4py
-
-        rank = _world.rank() if rank is None else rank
-        size = _world.size() if size is None else size
+        place = _world_place
+        if place is None:
+            raise NotInitializedError(
+                "ringtrain is not initialized: call ringtrain.init() first")
+        rank = place[0] if rank is None else rank
+        size = place[1] if size is None else size
     file = rank_path(path, rank, size)
     with _starting:
         stop_timeline()

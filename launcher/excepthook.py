@@ -23,9 +23,10 @@ import traceback
 from collections.abc import Collection
 from types import TracebackType
 
+from ..variables import REPORT_FD
 from .rank_env import rank_identity
 
-REPORT_FD_VARIABLE = "RINGTRAIN_REPORT_FD"
+REPORT_FD_VARIABLE = REPORT_FD.name
 """Set by the supervisor to a pipe on which the hook reports the exception."""
 
 _HIDDEN_MODULES = frozenset({"runpy"})
@@ -43,9 +44,9 @@ def install(hidden_files: Collection[str] = ()) -> None:
     global _hidden_files, _report_fd
     _hidden_files = frozenset(hidden_files)
     # The pipe is this process's; programs it starts must not inherit it.
-    descriptor = os.environ.pop(REPORT_FD_VARIABLE, "")
-    if descriptor.isdigit():
-        _report_fd = int(descriptor)
+    descriptor = REPORT_FD.pop()
+    if descriptor is not None:
+        _report_fd = descriptor
         try:
             os.set_inheritable(_report_fd, False)
         except OSError:

@@ -18,12 +18,13 @@ import os
 import subprocess
 from collections.abc import Sequence
 
+from ..variables import ELASTIC_DIR, RESTART_COUNT
 from .hosts import Host, HostListError, parse_host_list, total_slots
 from .job import JobResult
 from .report import describe_exit
 
-ELASTIC_DIR_VARIABLE = "RINGTRAIN_ELASTIC_DIR"
-RESTART_COUNT_VARIABLE = "RINGTRAIN_RESTART_COUNT"
+ELASTIC_DIR_VARIABLE = ELASTIC_DIR.name
+RESTART_COUNT_VARIABLE = RESTART_COUNT.name
 DISCOVERY_TIMEOUT = 60.0
 
 

@@ -18,9 +18,8 @@ A rank's file is valid JSON at every moment, so the file of a rank that was kill
 merged with the events it had written. A file that is missing, empty or not a trace is
 skipped with a warning line on stderr.
 
-Standard library only: the launcher imports this module, and
-:mod:`ringtrain.collectives.timeline` takes :func:`rank_path` and
-:data:`TIMELINE_VARIABLE` from here, so the naming rule is written once.
+Standard library only: the launcher imports this module. The file format and the
+naming rule, which the ranks' writer shares, are in :mod:`ringtrain.timeline_format`.
 """
 
 from __future__ import annotations
@@ -30,28 +29,11 @@ import os
 import sys
 from collections.abc import Sequence
 
-TIMELINE_VARIABLE = "RINGTRAIN_TIMELINE"
+from ..timeline_format import CLOSING, OPENING, TIMELINE_VARIABLE, rank_path
+
+__all__ = ["TIMELINE_VARIABLE", "rank_path", "merge", "merge_files", "JobTimeline", "main"]
+
 PROG = "timeline_merge"
-# The object around the events; the events go between OPENING and CLOSING, one a line.
-OPENING = '{"displayTimeUnit": "ms", "otherData": %s, "traceEvents": [\n'
-CLOSING = "\n]}\n"
-
-
-def rank_path(path: str, rank: int, size: int) -> str:
-    """The file rank ``rank`` of ``size`` ranks writes its timeline to.
-
-    ``path`` itself when ``size`` is 1, else ``<root>.rank<R><ext>`` where
-    ``root, ext = os.path.splitext(path)``, and ``ext`` is ``.json`` when ``path`` has none.
-
-    Raises:
-        ValueError: ``size`` below 1, or ``rank`` not in ``range(size)``.
-    """
-    if size < 1 or not 0 <= rank < size:
-        raise ValueError(f"no rank {rank} among {size} ranks")
-    if size == 1:
-        return path
-    root, extension = os.path.splitext(path)
-    return f"{root}.rank{rank}{extension or '.json'}"
 
 
 def _warn(prefix: str, message: str) -> None:

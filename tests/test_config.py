@@ -15,7 +15,8 @@ from ringtrain.collectives.config import (ALGORITHMS, Settings, configure, curre
                                           settings_from_environment)
 
 FIELDS = [field.name for field in dataclasses.fields(Settings)]
-SIZE_FIELDS = [f for f in FIELDS if not f.endswith("_algorithm")]
+SIZE_FIELDS = [f.name for f in dataclasses.fields(Settings) if f.type == "int"]
+SECONDS_FIELDS = [f.name for f in dataclasses.fields(Settings) if f.type == "float"]
 ALGORITHM_FIELDS = [f for f in FIELDS if f.endswith("_algorithm")]
 
 
@@ -83,6 +84,13 @@ def test_every_size_field_is_read_from_its_variable(field):
     assert dataclasses.replace(settings, **{field: getattr(Settings(), field)}) == Settings()
 
 
+@pytest.mark.parametrize("field", SECONDS_FIELDS)
+def test_every_seconds_field_is_read_from_its_variable(field):
+    settings, warned = read({environment_variable(field): "2.5"})
+    assert getattr(settings, field) == 2.5
+    assert warned == []
+
+
 @pytest.mark.parametrize("field", ALGORITHM_FIELDS)
 def test_every_algorithm_field_is_read_from_its_variable(field):
     collective = field[:-len("_algorithm")]
@@ -111,6 +119,9 @@ def test_several_variables_at_once():
     ("RINGTRAIN_ALLREDUCE_ALGORITHM", "tree"),
     ("RINGTRAIN_BROADCAST_ALGORITHM", "ring"),  # an algorithm of another collective
     ("RINGTRAIN_ALLTOALL_ALGORITHM", "recursive_doubling"),
+    ("RINGTRAIN_FUSION_THRESHOLD", "lots"),
+    ("RINGTRAIN_STALL_CHECK_SECONDS", "soon"),
+    ("RINGTRAIN_STALL_SHUTDOWN_SECONDS", "-1"),
 ])
 def test_a_bad_value_is_ignored_with_a_warning_naming_the_variable(variable, value):
     settings, warned = read({variable: value, "RINGTRAIN_ALLGATHER_ALGORITHM": "native"})
@@ -192,6 +203,28 @@ def test_configure_refuses_values_of_the_wrong_type(names):
     """A value of the wrong type is a bad value: InvalidArgumentError, as documented."""
     before = current_settings()
     with pytest.raises(rt.InvalidArgumentError):
+        configure(**names)
+    assert current_settings() is before
+
+
+def test_configure_covers_the_trainer_and_the_stall_inspector():
+    assert Settings().fusion_threshold == 8 << 20
+    assert (Settings().stall_check_seconds, Settings().stall_shutdown_seconds) == (60.0, 0.0)
+    settings = configure(fusion_threshold=1 << 20, stall_check_seconds=5,
+                         stall_shutdown_seconds=0.5)
+    assert settings.fusion_threshold == 1 << 20
+    assert settings.stall_check_seconds == 5.0 and isinstance(settings.stall_check_seconds, float)
+    assert settings.stall_shutdown_seconds == 0.5
+
+
+@pytest.mark.parametrize("names", [{"fusion_threshold": -1}, {"fusion_threshold": 1.5},
+                                   {"stall_check_seconds": -1.0},
+                                   {"stall_check_seconds": float("nan")},
+                                   {"stall_shutdown_seconds": "10"},
+                                   {"stall_shutdown_seconds": True}])
+def test_configure_refuses_bad_trainer_and_stall_values(names):
+    before = current_settings()
+    with pytest.raises(rt.InvalidArgumentError, match=next(iter(names))):
         configure(**names)
     assert current_settings() is before
 

@@ -350,6 +350,20 @@ def test_start_without_rank_needs_ringtrain_initialized(tmp_path):
     assert timeline.ACTIVE is None
 
 
+def test_start_without_rank_takes_the_world_that_init_gave(tmp_path):
+    timeline.set_world((2, 4))  # as ringtrain.init does
+    try:
+        start_timeline(str(tmp_path / "t.json"))
+        assert timeline.ACTIVE.path == str(tmp_path / "t.rank2.json")
+        start_timeline(str(tmp_path / "u.json"), rank=1)
+        assert timeline.ACTIVE.path == str(tmp_path / "u.rank1.json")
+    finally:
+        stop_timeline()
+        timeline.set_world(None)  # as shutdown does
+    with pytest.raises(NotInitializedError):
+        start_timeline(str(tmp_path / "t.json"))
+
+
 # Loads collectives/timeline.py under a bare stand-in for the ringtrain.collectives
 # package, so that nothing but the module itself (and what it imports) is imported.
 ALONE = """
@@ -369,4 +383,5 @@ def test_the_module_itself_imports_neither_mpi4py_nor_the_world():
     result = subprocess.run([sys.executable, "-c", ALONE, str(ROOT / "collectives")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == ["ringtrain.collectives.timeline"]
+    assert json.loads(result.stdout) == ["ringtrain.collectives.errors",
+                                         "ringtrain.collectives.timeline"]

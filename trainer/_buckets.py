@@ -15,16 +15,15 @@ a bucket would cost more than their message.
 from __future__ import annotations
 
 import dataclasses
-import os
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
 
-from ..collectives.config import parse_size
+from ..collectives.config import current_settings
 from ..collectives.errors import InvalidArgumentError
+from ..variables import FUSION_THRESHOLD
 
-DEFAULT_FUSION_THRESHOLD = 8 << 20
+DEFAULT_FUSION_THRESHOLD: int = FUSION_THRESHOLD.default
 """Bytes per bucket unless told otherwise (see docs/trainer.md for the measurement)."""
 
 DEFAULT_FIRST_BUCKET_BYTES = 1 << 20
@@ -33,8 +32,6 @@ DEFAULT_FIRST_BUCKET_BYTES = 1 << 20
 DEFAULT_ALONE_BYTES = 256 << 10
 """Gradients this large are never copied into a bucket: on the host, copying one in and
 out costs more than the message it would save (see docs/trainer.md)."""
-
-FUSION_THRESHOLD_VARIABLE = "RINGTRAIN_FUSION_THRESHOLD"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,8 +49,9 @@ class GradientSpec:
 
 
 def fusion_threshold(explicit: int | None = None) -> int:
-    """The bucket size limit in bytes: ``explicit``, else ``RINGTRAIN_FUSION_THRESHOLD``,
-    else :data:`DEFAULT_FUSION_THRESHOLD`. 0 turns fusion off (one gradient per bucket).
+    """The bucket size limit in bytes: ``explicit``, else the ``fusion_threshold`` setting
+    (``ringtrain.configure(fusion_threshold=...)``, else ``RINGTRAIN_FUSION_THRESHOLD``,
+    else :data:`DEFAULT_FUSION_THRESHOLD`). 0 turns fusion off (one gradient per bucket).
 
     Raises:
         InvalidArgumentError: ``explicit`` is negative or not an integer.
@@ -63,15 +61,7 @@ def fusion_threshold(explicit: int | None = None) -> int:
             raise InvalidArgumentError(
                 f"fusion_threshold must be a number of bytes >= 0, got {explicit!r}")
         return explicit
-    text = os.environ.get(FUSION_THRESHOLD_VARIABLE)
-    if text is None:
-        return DEFAULT_FUSION_THRESHOLD
-    try:
-        return parse_size(text)
-    except ValueError as error:
-        warnings.warn(f"ignoring {FUSION_THRESHOLD_VARIABLE}={text!r}: {error}",
-                      RuntimeWarning, stacklevel=2)
-        return DEFAULT_FUSION_THRESHOLD
+    return current_settings().fusion_threshold
 
 
 def assign_buckets(specs: Sequence[GradientSpec], threshold: int,

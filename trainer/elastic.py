@@ -42,8 +42,10 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-ELASTIC_DIR_VARIABLE = "RINGTRAIN_ELASTIC_DIR"
-RESTART_COUNT_VARIABLE = "RINGTRAIN_RESTART_COUNT"
+from ..variables import ELASTIC_DIR, RESTART_COUNT
+
+ELASTIC_DIR_VARIABLE = ELASTIC_DIR.name
+RESTART_COUNT_VARIABLE = RESTART_COUNT.name
 CHECKPOINT_NAME = "state.pkl"
 _FORMAT = 1
 
@@ -57,10 +59,7 @@ class ElasticError(RuntimeError):
 def restart_count() -> int:
     """How many times the launcher has restarted this job (0 on the first start, and
     outside ``ringtrain-run``)."""
-    try:
-        return int(os.environ.get(RESTART_COUNT_VARIABLE, "0"))
-    except ValueError:
-        return 0
+    return RESTART_COUNT.read()
 
 
 def write_atomically(path: str, data: bytes) -> None:
@@ -122,7 +121,7 @@ class State:
     def __init__(self, *, directory: str | None = None, **values: Any) -> None:
         object.__setattr__(self, "_values", dict(values))
         object.__setattr__(self, "_directory",
-                           directory or os.environ.get(ELASTIC_DIR_VARIABLE) or None)
+                           directory or ELASTIC_DIR.read())
         object.__setattr__(self, "_warned", False)
 
     def __getattr__(self, name: str) -> Any:

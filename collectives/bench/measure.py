@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import dataclass
 
 from mpi4py import MPI
 
+from ...variables import BENCH_INJECT_WRONG
 from .cases import Call, Case, Variant, variants
 from .options import Options, iterations_for
 
-INJECT_WRONG_VARIABLE = "RINGTRAIN_BENCH_INJECT_WRONG"
+INJECT_WRONG_VARIABLE = BENCH_INJECT_WRONG.name
 """When set to 1, rank 0 corrupts one checked element (to test that errors are caught)."""
 
 
@@ -64,6 +64,6 @@ def count_wrong(case: Case, call: Call) -> int:
     case.reset()
     case.comm.Barrier()
     result = case.host_copy(call())
-    if os.environ.get(INJECT_WRONG_VARIABLE) == "1" and case.rank == 0 and result.size:
+    if BENCH_INJECT_WRONG.read() and case.rank == 0 and result.size:
         result.reshape(-1)[0] += 1
     return case.comm.allreduce(case.wrong(result), MPI.SUM)

@@ -1,0 +1,362 @@
+"""Every ``RINGTRAIN_*`` environment variable of ringtrain, declared once.
+
+Each :class:`Variable` has its name, a parser, its default, a one-line description and
+its policy on a malformed value (as ``mpi4py.rc`` declares mpi4py's options). Modules
+read a variable through it (``SEGMENT_BYTES.read()``), never from ``os.environ``
+themselves, so every variable is parsed, defaulted and refused the same way.
+
+**One policy on a malformed value** (``WARN``): a :class:`RuntimeWarning` that names the
+variable and the value, then the default::
+
+    RuntimeWarning: ignoring RINGTRAIN_SEGMENT_BYTES='12x': not a size: '12x'
+
+**Two variables raise** a :class:`ValueError` instead (``RAISE``), because guessing there
+is unsafe; the caller decides what to do (``ringtrain.init`` logs the error and takes
+the safe choice):
+
+* ``RINGTRAIN_CUDA_AWARE_MPI``: a device pointer handed to an MPI that cannot read it
+  crashes the process with no Python error. Whoever sets the variable overrides what the
+  MPI library says, so a value that is neither on nor off must be seen, not replaced by
+  a default that may be the opposite of what was meant.
+* ``RINGTRAIN_GPU_BY_LOCAL_RANK``: it decides on which device the process's CUDA
+  context is made current, which cannot be undone; a value that is neither on nor off
+  is refused rather than read as either.
+
+The variables fall in four groups: the settings of :func:`ringtrain.configure` (the
+``setting`` of their :class:`Variable`; :class:`ringtrain.Settings` takes its defaults
+from here); the log level, the CUDA-aware override and the GPU choice, read once at
+``ringtrain.init``; those that ``ringtrain-run`` sets for the ranks
+(``set_by_launcher``); and one test hook of ``ringtrain-bench``.
+
+Standard library only: the launcher imports this module, and it must import neither
+MPI nor the collectives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import warnings
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+WARN = "warn"
+"""Policy: a malformed value is ignored with a RuntimeWarning; the default is used."""
+RAISE = "raise"
+"""Policy: a malformed value raises ValueError (where a guess would be unsafe)."""
+
+PREFIX = "RINGTRAIN_"
+
+
+@dataclasses.dataclass(frozen=True)
+class Variable(Generic[T]):
+    """One ``RINGTRAIN_*`` variable.
+
+    Attributes:
+        name: the variable, e.g. ``"RINGTRAIN_SEGMENT_BYTES"``.
+        parse: turns its text into a value; raises ValueError on a malformed one.
+        default: the value when it is unset (or malformed, under ``WARN``).
+        description: one line saying what it does.
+        policy: ``WARN`` or ``RAISE``: what a malformed value does.
+        check: validates a parsed value further, raising ValueError (the rules of a
+            setting, shared with :class:`ringtrain.Settings`); None: none.
+        setting: the field of :class:`ringtrain.Settings` (and name for
+            :func:`ringtrain.configure`) that it sets; None for the other variables.
+        blank_is_unset: an empty or blank value counts as unset (else it is malformed).
+        set_by_launcher: ``ringtrain-run`` sets it for the ranks.
+    """
+
+    name: str
+    parse: Callable[[str], T]
+    default: T
+    description: str
+    policy: str = WARN
+    check: Callable[[Any], None] | None = None
+    setting: str | None = None
+    blank_is_unset: bool = False
+    set_by_launcher: bool = False
+
+    def text(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The variable's text in ``environ`` (default ``os.environ``); None when it is
+        unset (or blank, where blank counts as unset)."""
+        text = (os.environ if environ is None else environ).get(self.name)
+        return self._given(text)
+
+    def read(self, environ: Mapping[str, str] | None = None) -> T:
+        """The variable's value in ``environ`` (default ``os.environ``).
+
+        Returns:
+            The parsed value; the default when the variable is unset, or malformed
+            under the ``WARN`` policy (after a RuntimeWarning naming variable and value).
+
+        Raises:
+            ValueError: a malformed value under the ``RAISE`` policy; the message names
+                the variable and the value.
+        """
+        return self._value(self.text(environ))
+
+    def pop(self, environ: MutableMapping[str, str] | None = None) -> T:
+        """Like :meth:`read`, and remove the variable from ``environ`` (default
+        ``os.environ``), so that programs this process starts do not inherit it."""
+        text = (os.environ if environ is None else environ).pop(self.name, None)
+        return self._value(self._given(text))
+
+    def validate(self, value: Any) -> T:
+        """``value`` if :attr:`check` accepts it.
+
+        Raises:
+            ValueError: it does not; the message names the setting.
+        """
+        if self.check is not None:
+            self.check(value)
+        return value
+
+    def _given(self, text: str | None) -> str | None:
+        if text is not None and self.blank_is_unset and not text.strip():
+            return None
+        return text
+
+    def _value(self, text: str | None) -> T:
+        if text is None:
+            return self.default
+        try:
+            return self.validate(self.parse(text))
+        except ValueError as error:
+            if self.policy == RAISE:
+                raise ValueError(f"{self.name}={text!r}: {error}") from None
+            warnings.warn(f"ignoring {self.name}={text!r}: {error}", RuntimeWarning,
+                          stacklevel=3)  # the caller of read() or pop()
+            return self.default
+
+
+VARIABLES: dict[str, Variable[Any]] = {}
+"""Every variable by name, in the order declared."""
+
+
+def _declare(variable: Variable[T]) -> Variable[T]:
+    if not variable.name.startswith(PREFIX) or variable.name in VARIABLES:
+        raise ValueError(f"{variable.name} declared twice or not a {PREFIX}* name")
+    if variable.policy not in (WARN, RAISE):
+        raise ValueError(f"{variable.name}: unknown policy {variable.policy!r}")
+    VARIABLES[variable.name] = variable
+    return variable
+
+
+def environment_variable(field: str) -> str:
+    """The variable overriding a setting: ``segment_bytes`` -> ``RINGTRAIN_SEGMENT_BYTES``."""
+    return PREFIX + field.upper()
+
+
+def setting_variable(field: str) -> Variable[Any]:
+    """The variable of the setting ``field`` (a field of :class:`ringtrain.Settings`).
+
+    Raises:
+        KeyError: no variable sets ``field``.
+    """
+    variable = VARIABLES.get(environment_variable(field))
+    if variable is None or variable.setting != field:
+        raise KeyError(f"no variable sets {field!r}")
+    return variable
+
+
+# --------------------------------------------------------------------------- parsers
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:I?B)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """Parse ``"65536"``, ``"64K"``, ``"64KiB"`` or ``"1M"`` (binary units) into bytes."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise ValueError(f"not a size: {text!r}")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
+
+
+def parse_seconds(text: str) -> float:
+    """Parse a number of seconds, e.g. ``"60"`` or ``"0.5"``."""
+    return float(text)
+
+
+def parse_count(text: str) -> int:
+    """Parse a whole number >= 0, e.g. ``"3"``."""
+    if not text.strip().isdigit():
+        raise ValueError(f"not a whole number >= 0: {text!r}")
+    return int(text)
+
+
+def parse_text(text: str) -> str:
+    """The text as it is (a path)."""
+    return text
+
+
+def parse_word(text: str) -> str:
+    """The text trimmed and in lower case (a choice such as an algorithm's name)."""
+    return text.strip().lower()
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+"""The level names of ringtrain's log."""
+
+
+def parse_log_level(text: str) -> str:
+    """A level name of ringtrain's log, in upper case (``"debug"`` -> ``"DEBUG"``)."""
+    name = text.strip().upper()
+    if name not in LOG_LEVELS:
+        raise ValueError(f"unknown log level {text!r}; one of {', '.join(LOG_LEVELS)}")
+    return name
+
+
+SWITCH_VALUES = {"1": True, "yes": True, "true": True, "0": False, "no": False, "false": False}
+"""What an on/off variable may hold (lower case, trimmed), and what it means."""
+
+
+def switch(on: str, off: str) -> Callable[[str], bool]:
+    """A parser of an on/off variable; ``on`` and ``off`` say what 1 and 0 do (for the
+    message on a malformed value)."""
+
+    def parse(text: str) -> bool:
+        value = SWITCH_VALUES.get(text.strip().lower())
+        if value is None:
+            raise ValueError(f"use 1 ({on}) or 0 ({off})")
+        return value
+
+    return parse
+
+
+# --------------------------------------------------------------------------- checks
+
+def _one_of(field: str, choices: tuple[str, ...]) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        if value not in choices:
+            raise ValueError(f"{field}={value!r} is not one of {', '.join(choices)}")
+    return check
+
+
+def _at_least(field: str, minimum: int) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        if not value >= minimum:  # also refuses NaN
+            raise ValueError(f"{field} must be >= {minimum}, got {value}")
+    return check
+
+
+def _setting(field: str, parse: Callable[[str], T], default: T, description: str,
+             check: Callable[[Any], None]) -> Variable[T]:
+    return _declare(Variable(environment_variable(field), parse, default, description,
+                             check=check, setting=field))
+
+
+# --------------------------------------------------------------------------- the table
+
+ALGORITHMS: dict[str, tuple[str, ...]] = {
+    "allreduce": ("auto", "ring", "recursive_doubling", "hierarchical", "node_leader",
+                  "native"),
+    "broadcast": ("auto", "pipeline", "binomial", "hierarchical", "native"),
+    "allgather": ("auto", "ring", "hierarchical", "native"),
+    "reducescatter": ("auto", "ring", "native"),
+    "alltoall": ("auto", "pairwise", "native"),
+}
+"""The algorithms each collective offers; ``auto`` picks by message and world size."""
+
+# Settings of ringtrain.configure(). All but the last three decide which messages are
+# sent and reach every collective's signature through the algorithm, segment size and
+# node layout they choose; fusion_threshold and the stall seconds are each rank's own.
+ALLREDUCE_ALGORITHM = _setting(
+    "allreduce_algorithm", parse_word, "auto",
+    "the allreduce algorithm: auto or one of ALGORITHMS['allreduce']",
+    _one_of("allreduce_algorithm", ALGORITHMS["allreduce"]))
+BROADCAST_ALGORITHM = _setting(
+    "broadcast_algorithm", parse_word, "auto",
+    "the broadcast algorithm: auto or one of ALGORITHMS['broadcast']",
+    _one_of("broadcast_algorithm", ALGORITHMS["broadcast"]))
+ALLGATHER_ALGORITHM = _setting(
+    "allgather_algorithm", parse_word, "auto",
+    "the allgather algorithm: auto or one of ALGORITHMS['allgather']",
+    _one_of("allgather_algorithm", ALGORITHMS["allgather"]))
+REDUCESCATTER_ALGORITHM = _setting(
+    "reducescatter_algorithm", parse_word, "auto",
+    "the reducescatter algorithm: auto or one of ALGORITHMS['reducescatter']",
+    _one_of("reducescatter_algorithm", ALGORITHMS["reducescatter"]))
+ALLTOALL_ALGORITHM = _setting(
+    "alltoall_algorithm", parse_word, "auto",
+    "the alltoall algorithm: auto or one of ALGORITHMS['alltoall']",
+    _one_of("alltoall_algorithm", ALGORITHMS["alltoall"]))
+RECURSIVE_DOUBLING_MAX_BYTES = _setting(
+    "recursive_doubling_max_bytes", parse_size, 128 * 1024,
+    "auto allreduce uses recursive doubling up to this size, the ring above it",
+    _at_least("recursive_doubling_max_bytes", 0))
+SEGMENT_BYTES = _setting(
+    "segment_bytes", parse_size, 256 * 1024,
+    "the ring and the pipelined broadcast move data in pieces of at most this size",
+    _at_least("segment_bytes", 64))
+BROADCAST_PIPELINE_MIN_BYTES = _setting(
+    "broadcast_pipeline_min_bytes", parse_size, 512 * 1024,
+    "auto broadcast uses a binomial tree below this size, the pipelined chain from it on",
+    _at_least("broadcast_pipeline_min_bytes", 0))
+HIERARCHICAL_MIN_BYTES = _setting(
+    "hierarchical_min_bytes", parse_size, 256 * 1024,
+    "on several nodes, auto allreduce and broadcast are hierarchical from this size on",
+    _at_least("hierarchical_min_bytes", 0))
+NODE_SIZE = _setting(
+    "node_size", parse_size, 0,
+    "0: nodes from MPI's shared-memory split; k: every k consecutive ranks form a node",
+    _at_least("node_size", 0))
+FUSION_THRESHOLD = _setting(
+    "fusion_threshold", parse_size, 8 << 20,
+    "the trainer's fusion bucket size in bytes (0: one gradient per bucket)",
+    _at_least("fusion_threshold", 0))
+STALL_CHECK_SECONDS = _setting(
+    "stall_check_seconds", parse_seconds, 60.0,
+    "the stall inspector reports a collective waited in this long (0: off)",
+    _at_least("stall_check_seconds", 0))
+NAME_MATCH_SECONDS = _setting(
+    "name_match_seconds", parse_seconds, 30.0,
+    "how long ranks whose threads made calls in different orders look for a common name",
+    _at_least("name_match_seconds", 0))
+STALL_SHUTDOWN_SECONDS = _setting(
+    "stall_shutdown_seconds", parse_seconds, 0.0,
+    "a collective waited in this long aborts the job (0: never)",
+    _at_least("stall_shutdown_seconds", 0))
+
+# Read once by ringtrain.init().
+LOG_LEVEL: Variable[str | None] = _declare(Variable(
+    "RINGTRAIN_LOG_LEVEL", parse_log_level, None,
+    "the level of the ringtrain logger (DEBUG, INFO, WARNING, ERROR); unset: WARNING"))
+CUDA_AWARE_MPI: Variable[bool | None] = _declare(Variable(
+    "RINGTRAIN_CUDA_AWARE_MPI",
+    switch("MPI takes device pointers", "stage through host memory"), None,
+    "1 or 0 overrides what the MPI library says of device pointers; unset: ask it",
+    policy=RAISE, blank_is_unset=True))
+GPU_BY_LOCAL_RANK: Variable[bool] = _declare(Variable(
+    "RINGTRAIN_GPU_BY_LOCAL_RANK",
+    switch("each rank uses the GPU at its local rank", "leave the choice to the application"),
+    True, "1: init makes the GPU at the local rank current unless one was chosen; 0: off",
+    policy=RAISE, blank_is_unset=True))
+
+# Set by ringtrain-run for the ranks.
+TIMELINE: Variable[str | None] = _declare(Variable(
+    "RINGTRAIN_TIMELINE", parse_text, None,
+    "the job's timeline file (ringtrain-run --timeline); each rank writes its own part",
+    blank_is_unset=True, set_by_launcher=True))
+ELASTIC_DIR: Variable[str | None] = _declare(Variable(
+    "RINGTRAIN_ELASTIC_DIR", parse_text, None,
+    "where ringtrain.elastic commits the training state (ringtrain-run --elastic-dir)",
+    blank_is_unset=True, set_by_launcher=True))
+RESTART_COUNT: Variable[int] = _declare(Variable(
+    "RINGTRAIN_RESTART_COUNT", parse_count, 0,
+    "how many times ringtrain-run has restarted the job (0 on the first start)",
+    set_by_launcher=True))
+REPORT_FD: Variable[int | None] = _declare(Variable(
+    "RINGTRAIN_REPORT_FD", parse_count, None,
+    "the pipe on which a rank's exception hook reports to the ringtrain-run supervisor",
+    set_by_launcher=True))
+
+# A test hook.
+BENCH_INJECT_WRONG: Variable[bool] = _declare(Variable(
+    "RINGTRAIN_BENCH_INJECT_WRONG",
+    switch("rank 0 corrupts one checked element", "results are left as they are"), False,
+    "ringtrain-bench: rank 0 corrupts one checked element (tests that errors are caught)",
+    blank_is_unset=True))
