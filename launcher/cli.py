@@ -49,14 +49,14 @@ are merged into PATH when the job ends: open it in https://ui.perfetto.dev.
 """
 
 
-class UsageError(ValueError):
+class CommandLineError(ValueError):
     """Bad command-line input; its message is printed on one line."""
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         """Raise instead of printing the usage and exiting: the caller prints one line."""
-        raise UsageError(message)
+        raise CommandLineError(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,17 +118,17 @@ def parse_environment(assignments: Sequence[str]) -> dict[str, str]:
     """``["A=1", "B"]`` -> ``{"A": "1", "B": <B's value here>}``.
 
     Raises:
-        UsageError: a name that is not a variable name, or a bare name not set here.
+        CommandLineError: a name that is not a variable name, or a bare name not set here.
     """
     environment = {}
     for assignment in assignments:
         name, equals, value = assignment.partition("=")
         if not _VARIABLE_NAME.match(name):
-            raise UsageError(f"--env {assignment!r}: expected NAME=VALUE with NAME a "
-                             "variable name")
+            raise CommandLineError(f"--env {assignment!r}: expected NAME=VALUE with NAME a "
+                                   "variable name")
         if not equals:
             if name not in os.environ:
-                raise UsageError(f"--env {name}: {name} is not set here; give {name}=VALUE")
+                raise CommandLineError(f"--env {name}: {name} is not set here; give {name}=VALUE")
             value = os.environ[name]
         environment[name] = value
     return environment
@@ -142,23 +142,23 @@ def job_timeline(path: str | None, environment: dict[str, str]) -> JobTimeline |
         What merges the ranks' files after the job; None without ``--timeline``.
 
     Raises:
-        UsageError: PATH is a directory or its directory is missing or not writable, or
+        CommandLineError: PATH is a directory or its directory is missing or not writable, or
             ``--env`` sets ``RINGTRAIN_TIMELINE`` too.
     """
     if path is None:
         return None
     if TIMELINE_VARIABLE in environment:
-        raise UsageError(f"--timeline and --env {TIMELINE_VARIABLE} both give the timeline: "
-                         "give --timeline alone")
+        raise CommandLineError(f"--timeline and --env {TIMELINE_VARIABLE} both give the timeline: "
+                               "give --timeline alone")
     timeline = JobTimeline(path)
     directory = os.path.dirname(timeline.path)
     if os.path.isdir(timeline.path):
-        raise UsageError(f"--timeline {path}: {timeline.path} is a directory; give a file "
-                         "name, e.g. timeline.json")
+        raise CommandLineError(f"--timeline {path}: {timeline.path} is a directory; give a file "
+                               "name, e.g. timeline.json")
     if not os.path.isdir(directory):
-        raise UsageError(f"--timeline {path}: no directory {directory}")
+        raise CommandLineError(f"--timeline {path}: no directory {directory}")
     if not os.access(directory, os.W_OK | os.X_OK):
-        raise UsageError(f"--timeline {path}: cannot write in {directory}")
+        raise CommandLineError(f"--timeline {path}: cannot write in {directory}")
     environment[TIMELINE_VARIABLE] = timeline.path
     return timeline
 
@@ -182,19 +182,19 @@ def _check_command(command: Sequence[str], local: bool) -> None:
     """Refuse a command that cannot start: nothing given, or (on this machine) a program
     or Python script that does not exist."""
     if not command:
-        raise UsageError(f"no command to run: give one after the options, e.g. "
-                         f"{PROG} -np 2 python train.py")
+        raise CommandLineError(f"no command to run: give one after the options, e.g. "
+                               f"{PROG} -np 2 python train.py")
     if command[0].startswith("-"):
-        raise UsageError(f"unrecognized option {command[0]!r}")
+        raise CommandLineError(f"unrecognized option {command[0]!r}")
     if not local:
         return
     if shutil.which(command[0]) is None:
-        raise UsageError(f"command {command[0]!r} not found (not an executable file, "
-                         "nor on PATH)")
+        raise CommandLineError(f"command {command[0]!r} not found (not an executable file, "
+                               "nor on PATH)")
     target = python_target(command)
     if target is not None and target[0] not in ("-c", "-m") and not os.path.isfile(target[0]):
-        raise UsageError(f"python script {target[0]!r} not found "
-                         f"(in {os.getcwd()})")
+        raise CommandLineError(f"python script {target[0]!r} not found "
+                               f"(in {os.getcwd()})")
 
 
 def _hosts(options: argparse.Namespace) -> list[Host]:
@@ -204,7 +204,7 @@ def _hosts(options: argparse.Namespace) -> list[Host]:
         if options.hostfile is not None:
             return read_hostfile(options.hostfile)
     except HostListError as error:
-        raise UsageError(str(error)) from None
+        raise CommandLineError(str(error)) from None
     return []
 
 
@@ -212,34 +212,34 @@ def elastic_options(options: argparse.Namespace) -> ElasticOptions:
     """The restart settings of the command line, checked.
 
     Raises:
-        UsageError: a negative ``--max-restarts``, a count below 1, ``--min-np`` above
+        CommandLineError: a negative ``--max-restarts``, a count below 1, ``--min-np`` above
             ``--max-np``, ``-np`` outside them, a discovery script given with hosts or
             not executable, or ``-np`` missing without a discovery script.
     """
     script = options.host_discovery_script
     if options.max_restarts < 0:
-        raise UsageError(f"--max-restarts must be 0 or more, got {options.max_restarts}")
+        raise CommandLineError(f"--max-restarts must be 0 or more, got {options.max_restarts}")
     for flag, value in (("-np", options.nprocs), ("--min-np", options.min_np),
                         ("--max-np", options.max_np)):
         if value is not None and value < 1:
-            raise UsageError(f"{flag} must be a positive number of ranks, got {value}")
+            raise CommandLineError(f"{flag} must be a positive number of ranks, got {value}")
     if script is None and options.nprocs is None:
-        raise UsageError("-np N is required: the number of ranks to start")
+        raise CommandLineError("-np N is required: the number of ranks to start")
     max_np = options.max_np if options.max_np is not None or script is None else options.nprocs
     min_np = 1 if options.min_np is None else options.min_np
     if max_np is not None and min_np > max_np:
-        raise UsageError(f"--min-np {min_np} is more than --max-np {max_np}")
+        raise CommandLineError(f"--min-np {min_np} is more than --max-np {max_np}")
     if script is None:
         if options.nprocs < min_np:
-            raise UsageError(f"-np {options.nprocs} is less than --min-np {min_np}")
+            raise CommandLineError(f"-np {options.nprocs} is less than --min-np {min_np}")
         if max_np is not None and options.nprocs > max_np:
-            raise UsageError(f"-np {options.nprocs} is more than --max-np {max_np}")
+            raise CommandLineError(f"-np {options.nprocs} is more than --max-np {max_np}")
     else:
         if options.hosts is not None or options.hostfile is not None:
-            raise UsageError("--host-discovery-script chooses the hosts: give no -H or "
-                             "--hostfile with it")
+            raise CommandLineError("--host-discovery-script chooses the hosts: give no -H or "
+                                   "--hostfile with it")
         if not (os.path.isfile(script) and os.access(script, os.X_OK)):
-            raise UsageError(f"host discovery script {script!r} is not an executable file")
+            raise CommandLineError(f"host discovery script {script!r} is not an executable file")
     return ElasticOptions(options.max_restarts, min_np, max_np,
                           None if script is None else os.path.abspath(script))
 
@@ -304,7 +304,7 @@ def _run_with_restarts(options: argparse.Namespace, elastic: ElasticOptions, mpi
                                       environment=environment, local_cores=usable_cores(),
                                       as_root=hasattr(os, "geteuid") and os.geteuid() == 0)
         except CommandError as error:
-            raise UsageError(str(error)) from None
+            raise CommandLineError(str(error)) from None
         if options.verbose:
             print(f"{PROG}: {mpiexec.vendor.value} {mpiexec.version}: {shlex.join(argv)}",
                   file=sys.stderr, flush=True)
@@ -342,6 +342,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return check_build()
         return _launch(options)
-    except UsageError as error:
+    except CommandLineError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return USAGE_ERROR

@@ -25,6 +25,8 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
+import psutil
+
 from .parent_death import signal_on_parent_death
 from .report import RankExit, describe, describe_exit
 from .streams import RecordFilter, write_all
@@ -79,23 +81,12 @@ class _Job:
 
 def _descendants(pid: int) -> list[int]:
     """Every process below ``pid``, found by parentage (the ranks run in sessions of
-    their own, so neither a process group nor a session holds them all)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
-                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+    their own, so neither a process group nor a session holds them all); none when
+    ``pid`` is gone."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
 
 
 def kill_process_tree(pid: int) -> None:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+import psutil
 import pytest
 
 TESTS = Path(__file__).resolve().parent
@@ -42,33 +43,20 @@ def find_mpiexec() -> str | None:
 
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (the MPI proxies start the ranks in new sessions, so
-    they are found by parentage, not by process group)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+    they are found by parentage, not by process group); none when ``pid`` is gone."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
 
 
 def processes_running(*tokens: str) -> list[str]:
     """``"pid: command line"`` of every process whose command line holds all ``tokens``."""
     found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            line = _command_line(int(entry))
-            if line and all(token in line for token in tokens):
-                found.append(f"{entry}: {line}")
+    for process in psutil.process_iter(["cmdline"]):
+        line = " ".join(process.info["cmdline"] or ())
+        if line and all(token in line for token in tokens):
+            found.append(f"{process.pid}: {line}")
     return found
 
 
@@ -83,9 +71,8 @@ def assert_none_running(*tokens: str, wait: float) -> None:
 
 def _command_line(pid: int) -> str:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return ""
 
 

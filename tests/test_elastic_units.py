@@ -14,7 +14,7 @@ import pytest
 from ringtrain.elastic import (CHECKPOINT_NAME, ELASTIC_DIR_VARIABLE, RESTART_COUNT_VARIABLE,
                                State, restart_count, write_atomically)
 from ringtrain.launcher import restart as restart_module
-from ringtrain.launcher.cli import UsageError, build_parser, elastic_options
+from ringtrain.launcher.cli import CommandLineError, build_parser, elastic_options
 from ringtrain.launcher.hosts import Host
 from ringtrain.launcher.job import JobResult
 from ringtrain.launcher.report import RankExit
@@ -152,7 +152,7 @@ def test_elastic_options_defaults_and_values(tmp_path):
     (["-H", "a:2", "--host-discovery-script", "/bin/true"], "give no -H or --hostfile"),
 ])
 def test_bad_elastic_options_are_refused(arguments, message):
-    with pytest.raises(UsageError, match=re.escape(message)):
+    with pytest.raises(CommandLineError, match=re.escape(message)):
         _options(*arguments)
 
 

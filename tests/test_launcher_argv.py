@@ -14,7 +14,7 @@ import pytest
 
 from ringtrain.launcher import command as command_module
 from ringtrain.launcher import rank_env
-from ringtrain.launcher.cli import UsageError, parse_environment
+from ringtrain.launcher.cli import CommandLineError, parse_environment
 from ringtrain.launcher.command import (PYTHON_RUNNER_MODULE, SUPERVISOR_MODULE, CommandError,
                                         build_mpiexec_argv, python_target, rank_command,
                                         wrap_python_command)
@@ -228,7 +228,7 @@ def test_environment_assignments(monkeypatch):
 @pytest.mark.parametrize("assignment", ["1A=2", "=x", "A-B=1", "RINGTRAIN_SURELY_UNSET_VAR"])
 def test_bad_environment_assignments(assignment, monkeypatch):
     monkeypatch.delenv("RINGTRAIN_SURELY_UNSET_VAR", raising=False)
-    with pytest.raises(UsageError):
+    with pytest.raises(CommandLineError):
         parse_environment([assignment])
 
 

@@ -16,9 +16,11 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from mpi_launch import assert_none_running, descendants, find_mpiexec
+from ringtrain.launcher import job
 from ringtrain.launcher.job import FAILURE_GRACE, TERMINATE_GRACE
 from ringtrain.launcher.report import RankExit, encode
 
@@ -221,6 +223,47 @@ def test_check_build_reports_the_installation():
 
 
 # --------------------------------------------------------------------------- last resort
+
+# A child that starts a grandchild, prints its pid, and sleeps.
+PARENT_OF_ONE = """
+import subprocess, sys, time
+grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(grandchild.pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("find", [job._descendants, descendants],
+                         ids=["launcher", "tests"])
+def test_descendants_finds_children_and_grandchildren(find):
+    child = subprocess.Popen([sys.executable, "-c", PARENT_OF_ONE], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        grandchild = int(child.stdout.readline())
+        assert find(child.pid) == [grandchild]
+        assert {child.pid, grandchild} <= set(find(os.getpid()))
+    finally:
+        job.kill_process_tree(child.pid)
+        child.wait(timeout=10)
+        child.stdout.close()
+    assert child.returncode == -signal.SIGKILL
+    assert find(child.pid) == []
+    assert _ended(grandchild, wait=10)
+
+
+def _ended(pid: int, wait: float) -> bool:
+    """Whether process ``pid`` is gone (or a zombie) within ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
 
 # An mpiexec that ignores SIGTERM after a rank reported a failure, with a process below it.
 STUBBORN_MPIEXEC = """

@@ -14,7 +14,7 @@ import pytest
 from ringtrain.collectives import timeline
 from ringtrain.collectives.timeline import Timeline
 from ringtrain.launcher import timeline_merge
-from ringtrain.launcher.cli import UsageError, build_parser, job_timeline, parse_environment
+from ringtrain.launcher.cli import CommandLineError, build_parser, job_timeline, parse_environment
 from ringtrain.launcher.command import build_mpiexec_argv, rank_command
 from ringtrain.launcher.mpi_vendor import Vendor
 from ringtrain.launcher.timeline_merge import JobTimeline, merge
@@ -90,7 +90,7 @@ def test_without_the_option_nothing_changes():
 
 
 def test_the_option_with_the_variable_set_by_env_is_refused(tmp_path):
-    with pytest.raises(UsageError, match="give --timeline alone"):
+    with pytest.raises(CommandLineError, match="give --timeline alone"):
         job_timeline(str(tmp_path / "t.json"), {"RINGTRAIN_TIMELINE": "u.json"})
 
 

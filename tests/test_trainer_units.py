@@ -1,4 +1,5 @@
-"""The trainer's pure parts: bucket assignment and the fusion threshold setting."""
+"""The trainer's pure parts: bucket assignment, the fusion threshold setting and the
+check for repeated names."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import sys
 import numpy as np
 import pytest
 
+from ringtrain.collectives.config import reset_settings
 from ringtrain.collectives.errors import InvalidArgumentError
 from ringtrain.trainer._buckets import (DEFAULT_FUSION_THRESHOLD, GradientSpec, assign_buckets,
                                         fusion_threshold)
+from ringtrain.trainer._names import repeated_names
 
 F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
 
@@ -68,20 +71,32 @@ def test_empty_model_has_no_buckets():
 
 
 def test_fusion_threshold_explicit_then_environment_then_default(monkeypatch):
+    # The setting is read from the environment on first use: reset_settings() reads it again.
     monkeypatch.delenv("RINGTRAIN_FUSION_THRESHOLD", raising=False)
+    reset_settings()
     assert fusion_threshold() == DEFAULT_FUSION_THRESHOLD
     monkeypatch.setenv("RINGTRAIN_FUSION_THRESHOLD", "4MiB")
+    reset_settings()
     assert fusion_threshold() == 4 << 20
     assert fusion_threshold(123) == 123
     monkeypatch.setenv("RINGTRAIN_FUSION_THRESHOLD", "lots")
+    reset_settings()
     with pytest.warns(RuntimeWarning, match="ignoring RINGTRAIN_FUSION_THRESHOLD='lots'"):
         assert fusion_threshold() == DEFAULT_FUSION_THRESHOLD
+    monkeypatch.delenv("RINGTRAIN_FUSION_THRESHOLD")
+    reset_settings()
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "8M"])
 def test_fusion_threshold_refuses_bad_values(bad):
     with pytest.raises(InvalidArgumentError, match="fusion_threshold must be a number of bytes"):
         fusion_threshold(bad)
+
+
+def test_repeated_names_each_once_in_the_order_they_first_repeat():
+    assert repeated_names(["b", "a", "c", "a", "b", "a", "b"]) == ["a", "b"]
+    assert repeated_names(iter(["x", "y"])) == []
+    assert repeated_names([]) == []
 
 
 def test_importing_the_trainer_imports_neither_mpi_nor_torch():

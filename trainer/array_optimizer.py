@@ -31,6 +31,7 @@ import numpy as np
 from ..collectives import Average, Compression, Compressor, ProcessSet, ReduceOp
 from ..collectives.errors import InvalidArgumentError, UsageError
 from ..kernels import twin_for
+from ._names import repeated_names
 from ._synchronized import SynchronizedSteps
 from .gradient_reducer import GradientReducer, predivide_factors
 
@@ -133,7 +134,7 @@ class ArrayDistributedOptimizer(SynchronizedSteps):
 def _checked_triples(named_parameters: Iterable[tuple[str, Any, Any]]) -> dict[str, np.ndarray]:
     """Gradient arrays by name, in order, after checking each triple."""
     gradients: dict[str, np.ndarray] = {}
-    repeated: list[str] = []
+    names: list[str] = []
     for position, entry in enumerate(named_parameters):
         try:
             name, parameter, gradient = entry
@@ -153,9 +154,9 @@ def _checked_triples(named_parameters: Iterable[tuple[str, Any, Any]]) -> dict[s
                 f"{tuple(parameter.shape)}")
         if isinstance(gradient, np.ndarray) and not gradient.flags.writeable:
             raise InvalidArgumentError(f"gradient of {name!r} is read-only")
-        if name in gradients and name not in repeated:
-            repeated.append(name)
+        names.append(name)
         gradients[name] = gradient
+    repeated = repeated_names(names)
     if repeated:
         raise InvalidArgumentError(
             f"named_parameters repeats the name(s) {', '.join(map(repr, repeated))}; "

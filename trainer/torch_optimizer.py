@@ -22,6 +22,7 @@ import torch
 
 from ..collectives import Average, Compression, Compressor, ProcessSet, ReduceOp
 from ..collectives.errors import InvalidArgumentError, UnsupportedDtypeError, UsageError
+from ._names import repeated_names
 from ._synchronized import SynchronizedSteps
 from .gradient_reducer import GradientReducer, predivide_factors
 
@@ -201,7 +202,7 @@ def _named_trainable_parameters(
     else:
         named = list(named_parameters)
         names = [name for name, _ in named]
-        repeated = sorted({name for name in names if names.count(name) > 1})
+        repeated = sorted(repeated_names(names))
         if repeated:
             raise InvalidArgumentError(
                 f"named_parameters repeats the name(s) {', '.join(map(repr, repeated))}; "

@@ -6,21 +6,23 @@
 * alltoall: the gradient sent back with the received splits;
 * reducescatter: the gradient allgathered, times the number of ranks for Sum and
   times the scale factors.
+
+The functions named after the collectives run one through its Function when a tensor
+needs a gradient, else directly; the backward passes call them too, so gradients of
+gradients are computed the same way.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from ... import collectives as rtc
-
-
-def _ops() -> ModuleType:
-    from . import mpi_ops  # imported here: mpi_ops imports this module
-    return mpi_ops
+from ._operations import (allgather_now, allreduce_now, alltoall_now, broadcast_now,
+                          grouped_allgather_now, grouped_allreduce_now,
+                          grouped_reducescatter_now, reducescatter_now)
 
 
 def _set(process_set: rtc.ProcessSet | None) -> rtc.ProcessSet:
@@ -35,14 +37,12 @@ class Allreduce(torch.autograd.Function):
                 prescale_factor: float, postscale_factor: float,
                 process_set: rtc.ProcessSet | None) -> torch.Tensor:
         ctx.arguments = op, prescale_factor, postscale_factor, process_set
-        return _ops()._allreduce_now(tensor, name, op, prescale_factor, postscale_factor,
-                                     process_set)
+        return allreduce_now(tensor, name, op, prescale_factor, postscale_factor, process_set)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         op, prescale_factor, postscale_factor, process_set = ctx.arguments
-        reduced = _ops().allreduce(grad, op=op, prescale_factor=prescale_factor,
-                                   postscale_factor=postscale_factor, process_set=process_set)
+        reduced = allreduce(grad, None, op, prescale_factor, postscale_factor, process_set)
         return reduced, None, None, None, None, None
 
 
@@ -54,25 +54,23 @@ class GroupedAllreduce(torch.autograd.Function):
                 postscale_factor: float, process_set: rtc.ProcessSet | None,
                 *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.arguments = op, prescale_factor, postscale_factor, process_set
-        return tuple(_ops()._grouped_allreduce_now(tensors, name, op, prescale_factor,
-                                                   postscale_factor, process_set))
+        return tuple(grouped_allreduce_now(tensors, name, op, prescale_factor,
+                                           postscale_factor, process_set))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
         op, prescale_factor, postscale_factor, process_set = ctx.arguments
-        reduced = _ops().grouped_allreduce(list(grads), op=op, prescale_factor=prescale_factor,
-                                           postscale_factor=postscale_factor,
-                                           process_set=process_set)
+        reduced = grouped_allreduce(list(grads), None, op, prescale_factor, postscale_factor,
+                                    process_set)
         return (None, None, None, None, None, *reduced)
 
 
 def _own_rows(grads: list[torch.Tensor], shapes: list[torch.Size],
               process_set: rtc.ProcessSet | None) -> list[torch.Tensor]:
     """This rank's rows of each averaged gradient of a (grouped) allgather."""
-    ops = _ops()
-    averaged = ops.grouped_allreduce(grads, op=ops.Average, process_set=process_set)
+    averaged = grouped_allreduce(grads, None, rtc.Average, 1.0, 1.0, process_set)
     rows = [shape[0] if len(shape) else 1 for shape in shapes]
-    counts = ops.allgather(torch.tensor([rows], dtype=torch.int64), process_set=process_set)
+    counts = allgather(torch.tensor([rows], dtype=torch.int64), None, process_set)
     offsets = counts[:_set(process_set).rank()].sum(dim=0)
     return [a.narrow(0, int(offset), n).reshape(shape)
             for a, offset, n, shape in zip(averaged, offsets, rows, shapes)]
@@ -85,7 +83,7 @@ class Allgather(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None,
                 process_set: rtc.ProcessSet | None) -> torch.Tensor:
         ctx.shape, ctx.process_set = tensor.shape, process_set
-        return _ops()._allgather_now(tensor, name, process_set)
+        return allgather_now(tensor, name, process_set)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -99,7 +97,7 @@ class GroupedAllgather(torch.autograd.Function):
     def forward(ctx: Any, name: str | None, process_set: rtc.ProcessSet | None,
                 *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.shapes, ctx.process_set = [t.shape for t in tensors], process_set
-        return tuple(_ops()._grouped_allgather_now(tensors, name, process_set))
+        return tuple(grouped_allgather_now(tensors, name, process_set))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
@@ -113,12 +111,11 @@ class Broadcast(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None,
                 process_set: rtc.ProcessSet | None) -> torch.Tensor:
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return _ops()._broadcast_now(tensor, root_rank, name, process_set)
+        return broadcast_now(tensor, root_rank, name, process_set)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        ops = _ops()
-        averaged = ops.allreduce(grad, op=ops.Average, process_set=ctx.process_set)
+        averaged = allreduce(grad, None, rtc.Average, 1.0, 1.0, ctx.process_set)
         if rtc.rank() != ctx.root_rank:
             averaged = torch.zeros_like(averaged)
         return averaged, None, None, None
@@ -130,7 +127,7 @@ class Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None,
                 process_set: rtc.ProcessSet | None) -> Any:
-        output, received_splits = _ops()._alltoall_now(tensor, splits, name, process_set)
+        output, received_splits = alltoall_now(tensor, splits, name, process_set)
         ctx.received_splits, ctx.process_set = received_splits, process_set
         if splits is None:
             return output
@@ -139,8 +136,7 @@ class Alltoall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, *_unused: Any) -> tuple[Any, ...]:
-        returned, _ = _ops().alltoall(grad, splits=ctx.received_splits,
-                                      process_set=ctx.process_set)
+        returned, _ = alltoall(grad, ctx.received_splits, None, ctx.process_set)
         return returned, None, None, None
 
 
@@ -160,14 +156,13 @@ class Reducescatter(torch.autograd.Function):
                 process_set: rtc.ProcessSet | None, prescale_factor: float,
                 postscale_factor: float) -> torch.Tensor:
         ctx.arguments = op, process_set, prescale_factor, postscale_factor
-        return _ops()._reducescatter_now(tensor, name, op, process_set, prescale_factor,
-                                         postscale_factor)
+        return reducescatter_now(tensor, name, op, process_set, prescale_factor,
+                                 postscale_factor)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         process_set = ctx.arguments[1]
-        gathered = _ops().allgather(_scattered_grad(grad, *ctx.arguments),
-                                    process_set=process_set)
+        gathered = allgather(_scattered_grad(grad, *ctx.arguments), None, process_set)
         return gathered, None, None, None, None, None
 
 
@@ -179,12 +174,94 @@ class GroupedReducescatter(torch.autograd.Function):
                 prescale_factor: float, postscale_factor: float,
                 *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.arguments = op, process_set, prescale_factor, postscale_factor
-        return tuple(_ops()._grouped_reducescatter_now(tensors, name, op, process_set,
-                                                       prescale_factor, postscale_factor))
+        return tuple(grouped_reducescatter_now(tensors, name, op, process_set,
+                                               prescale_factor, postscale_factor))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
         process_set = ctx.arguments[1]
         scaled = [_scattered_grad(g, *ctx.arguments) for g in grads]
         return (None, None, None, None, None,
-                *_ops().grouped_allgather(scaled, process_set=process_set))
+                *grouped_allgather(scaled, None, process_set))
+
+
+# --------------------------------------------------------------------------- the collectives
+
+def _needs_grad(*tensors: Any) -> bool:
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def allreduce(tensor: torch.Tensor, name: str | None, op: Any, prescale_factor: float,
+              postscale_factor: float, process_set: rtc.ProcessSet | None) -> torch.Tensor:
+    """The allreduce of ``tensor`` into a new tensor; differentiable."""
+    if _needs_grad(tensor):
+        return Allreduce.apply(tensor, name, op, prescale_factor, postscale_factor,
+                               process_set)
+    return allreduce_now(tensor, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def grouped_allreduce(tensors: Sequence[torch.Tensor], name: str | None, op: Any,
+                      prescale_factor: float, postscale_factor: float,
+                      process_set: rtc.ProcessSet | None) -> Sequence[torch.Tensor]:
+    """The fused allreduce of ``tensors`` into new tensors; differentiable."""
+    if _needs_grad(*tensors):
+        return GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor,
+                                      process_set, *tensors)
+    return grouped_allreduce_now(tensors, name, op, prescale_factor, postscale_factor,
+                                 process_set)
+
+
+def allgather(tensor: torch.Tensor, name: str | None,
+              process_set: rtc.ProcessSet | None) -> torch.Tensor:
+    """The allgather of ``tensor``; differentiable."""
+    if _needs_grad(tensor):
+        return Allgather.apply(tensor, name, process_set)
+    return allgather_now(tensor, name, process_set)
+
+
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None,
+                      process_set: rtc.ProcessSet | None) -> list[torch.Tensor]:
+    """One allgather per tensor of ``tensors``; differentiable."""
+    if _needs_grad(*tensors):
+        return list(GroupedAllgather.apply(name, process_set, *tensors))
+    return grouped_allgather_now(tensors, name, process_set)
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None,
+              process_set: rtc.ProcessSet | None) -> torch.Tensor:
+    """``root_rank``'s ``tensor`` in a new tensor on every rank; differentiable."""
+    if _needs_grad(tensor):
+        return Broadcast.apply(tensor, root_rank, name, process_set)
+    return broadcast_now(tensor, root_rank, name, process_set)
+
+
+def alltoall(tensor: torch.Tensor, splits: Any, name: str | None,
+             process_set: rtc.ProcessSet | None) -> Any:
+    """The alltoall of ``tensor``: the received rows, and with ``splits`` also the
+    received splits; differentiable."""
+    if _needs_grad(tensor):
+        return Alltoall.apply(tensor, splits, name, process_set)
+    output, received_splits = alltoall_now(tensor, splits, name, process_set)
+    return output if splits is None else (output, received_splits)
+
+
+def reducescatter(tensor: torch.Tensor, name: str | None, op: Any,
+                  process_set: rtc.ProcessSet | None, prescale_factor: float,
+                  postscale_factor: float) -> torch.Tensor:
+    """The reducescatter of ``tensor``; differentiable."""
+    if _needs_grad(tensor):
+        return Reducescatter.apply(tensor, name, op, process_set, prescale_factor,
+                                   postscale_factor)
+    return reducescatter_now(tensor, name, op, process_set, prescale_factor, postscale_factor)
+
+
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None, op: Any,
+                          process_set: rtc.ProcessSet | None, prescale_factor: float,
+                          postscale_factor: float) -> Sequence[torch.Tensor]:
+    """One reducescatter per tensor of ``tensors``; differentiable."""
+    if _needs_grad(*tensors):
+        return GroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                          postscale_factor, *tensors)
+    return grouped_reducescatter_now(tensors, name, op, process_set, prescale_factor,
+                                     postscale_factor)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -30,9 +30,11 @@ from mpi4py import MPI
 from ... import collectives as rtc
 from ...collectives import timeline
 from . import _autograd
-from ._adasum import adasum_parts, check_adasum
-from ._handles import (Finish, Handle, HorovodInternalError, forget_all, launch, mark_timeline,
-                       reserve, start)
+from ._handles import Handle, HorovodInternalError, forget_all, launch, mark_timeline
+from ._operations import (Adasum, Parts, allgather_parts, allreduce_parts, alltoall_parts,
+                          broadcast_parts, grouped_allgather_parts, grouped_allreduce_parts,
+                          grouped_reducescatter_parts, reducescatter_parts, run, set_size,
+                          sub_key)
 from .compression import Compression, Compressor
 
 __all__ = [
@@ -57,21 +59,6 @@ Sum = rtc.Sum
 Min = rtc.Min
 Max = rtc.Max
 Product = rtc.Product
-
-
-class _AdasumOp:
-    """The Adasum reduction (allreduce only)."""
-
-    name = "Adasum"
-
-    def __repr__(self) -> str:
-        return "ringtrain.horovod.Adasum"
-
-
-Adasum = _AdasumOp()
-
-_INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
-Parts = tuple[list[Any], Finish]
 
 
 # --------------------------------------------------------------------------- basics
@@ -287,10 +274,6 @@ def remove_process_set(process_set: rtc.ProcessSet) -> bool:
     return True
 
 
-def _set_size(process_set: rtc.ProcessSet | None) -> int:
-    return (process_set or global_process_set).size()
-
-
 # --------------------------------------------------------------------------- helpers
 
 def _resolve_op(op: Any, average: bool | None) -> Any:
@@ -306,125 +289,7 @@ def _resolve_op(op: Any, average: bool | None) -> Any:
     return Average
 
 
-def _key(collective: str, name: str | None) -> str | None:
-    return None if name is None else f"{collective}.{name}"
-
-
-def _sub(key: str | None, index: int) -> str | None:
-    return None if key is None else f"{key}.{index}"
-
-
-def _run(collective: str, name: str | None, asynchronous: bool,
-         build: Callable[[str | None], Parts]) -> Any:
-    """Check the name, start the ringtrain collectives ``build`` starts, and return a
-    Handle (asynchronous) or the output."""
-    key = _key(collective, name)
-    reserve(key)
-    parts, finish = build(key)
-    return start(parts, finish, key, asynchronous)
-
-
-def _needs_grad(*tensors: Any) -> bool:
-    return torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
-
-
-def _first(results: list[Any]) -> Any:
-    return results[0]
-
-
-def _combined(pieces: list[Parts]) -> Parts:
-    """One operation's parts from several: the finish step returns the list of outputs."""
-    parts = [part for piece_parts, _ in pieces for part in piece_parts]
-
-    def finish(results: list[Any]) -> list[Any]:
-        outputs, at = [], 0
-        for piece_parts, piece_finish in pieces:
-            outputs.append(piece_finish(results[at:at + len(piece_parts)]))
-            at += len(piece_parts)
-        return outputs
-
-    return parts, finish
-
-
-def _scaled_here(dtype: Any, op: Any, prescale_factor: float, postscale_factor: float) -> bool:
-    """Whether this layer divides for Average and applies the scale factors itself:
-    integers (in float64, truncated back) and float16 scale factors (in float32)."""
-    scaled = prescale_factor != 1.0 or postscale_factor != 1.0
-    if dtype in _INTEGERS:
-        return scaled or op is Average
-    return dtype == torch.float16 and scaled
-
-
-def _reducing(op: Any) -> Any:
-    """The ringtrain op when this layer does the division of an Average itself."""
-    return Sum if op is Average else op
-
-
-def _prescaled(tensor: torch.Tensor, factor: float) -> torch.Tensor:
-    """A new tensor: ``tensor`` times ``factor``, computed as Horovod does on the CPU."""
-    tensor = tensor.detach()
-    if factor == 1.0:
-        return tensor.clone()
-    if tensor.dtype in _INTEGERS:
-        return (tensor.to(torch.float64) * factor).to(tensor.dtype)
-    if tensor.dtype == torch.float16:
-        return (tensor.float() * factor).half()
-    return tensor * factor
-
-
-def _postscaled(result: torch.Tensor, divisor: int, factor: float) -> torch.Tensor:
-    """The reduced ``result`` divided by ``divisor`` (truncating integers) and scaled."""
-    if result.dtype in _INTEGERS:
-        if factor == 1.0:
-            return result if divisor == 1 else torch.div(result, divisor, rounding_mode="trunc")
-        return (result.to(torch.float64) * (factor / divisor)).to(result.dtype)
-    if result.dtype == torch.float16:
-        return (result.float() * (factor / divisor)).half()
-    if divisor != 1:
-        result = result / divisor
-    return result * factor if factor != 1.0 else result
-
-
-def _into(output: torch.Tensor | None, value: torch.Tensor) -> torch.Tensor:
-    if output is None:
-        return value
-    output.copy_(value)
-    return output
-
-
 # --------------------------------------------------------------------------- allreduce
-
-def _allreduce_parts(tensor: torch.Tensor, output: torch.Tensor | None, key: str | None,
-                     op: Any, prescale_factor: float, postscale_factor: float,
-                     process_set: rtc.ProcessSet | None, asynchronous: bool) -> Parts:
-    """Start the allreduce of ``tensor`` into ``output`` (in place) or a new tensor."""
-    if op is Adasum:
-        check_adasum(process_set, [tensor.dtype])
-        return adasum_parts(tensor, output, key, prescale_factor, postscale_factor,
-                            asynchronous)
-    if not _scaled_here(tensor.dtype, op, prescale_factor, postscale_factor):
-        if output is None:
-            functions = rtc.allreduce, rtc.allreduce_async
-        else:
-            functions = rtc.allreduce_, rtc.allreduce_async_
-        part = launch(asynchronous, *functions, tensor, op=op, name=key,
-                      prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                      process_set=process_set)
-        return [part], _first
-    work = _prescaled(tensor, prescale_factor)
-    part = launch(asynchronous, rtc.allreduce_, rtc.allreduce_async_, work, op=_reducing(op),
-                  name=key, process_set=process_set)
-    divisor = _set_size(process_set) if op is Average else 1
-    return [part], lambda results: _into(output, _postscaled(results[0], divisor,
-                                                             postscale_factor))
-
-
-def _allreduce_now(tensor: torch.Tensor, name: str | None, op: Any, prescale_factor: float,
-                   postscale_factor: float, process_set: rtc.ProcessSet | None) -> torch.Tensor:
-    return _run("allreduce", name, False, lambda key: _allreduce_parts(
-        tensor, None, key, op, prescale_factor, postscale_factor, process_set, False))
-
 
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
               compression: type[Compressor] = Compression.none, op: Any = None,
@@ -437,12 +302,8 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     """
     op = _resolve_op(op, average)
     compressed, context = compression.compress(tensor)
-    if _needs_grad(compressed):
-        result = _autograd.Allreduce.apply(compressed, name, op, prescale_factor,
-                                           postscale_factor, process_set)
-    else:
-        result = _allreduce_now(compressed, name, op, prescale_factor, postscale_factor,
-                                process_set)
+    result = _autograd.allreduce(compressed, name, op, prescale_factor, postscale_factor,
+                                 process_set)
     return compression.decompress(result, context)
 
 
@@ -451,7 +312,7 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
                     process_set: rtc.ProcessSet = global_process_set) -> Handle:
     """Start :func:`allreduce` (``ringtrain.allreduce_async``); synchronize gives the tensor."""
     op = _resolve_op(op, average)
-    return _run("allreduce", name, True, lambda key: _allreduce_parts(
+    return run("allreduce", name, True, lambda key: allreduce_parts(
         tensor, None, key, op, prescale_factor, postscale_factor, process_set, True))
 
 
@@ -460,7 +321,7 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                process_set: rtc.ProcessSet = global_process_set) -> torch.Tensor:
     """In-place :func:`allreduce` (``ringtrain.allreduce_``); returns ``tensor``."""
     op = _resolve_op(op, average)
-    return _run("allreduce", name, False, lambda key: _allreduce_parts(
+    return run("allreduce", name, False, lambda key: allreduce_parts(
         tensor, tensor, key, op, prescale_factor, postscale_factor, process_set, False))
 
 
@@ -469,45 +330,8 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      process_set: rtc.ProcessSet = global_process_set) -> Handle:
     """Start :func:`allreduce_` (``ringtrain.allreduce_async_``)."""
     op = _resolve_op(op, average)
-    return _run("allreduce", name, True, lambda key: _allreduce_parts(
+    return run("allreduce", name, True, lambda key: allreduce_parts(
         tensor, tensor, key, op, prescale_factor, postscale_factor, process_set, True))
-
-
-def _grouped_allreduce_parts(tensors: Sequence[torch.Tensor], in_place: bool, key: str | None,
-                             op: Any, prescale_factor: float, postscale_factor: float,
-                             process_set: rtc.ProcessSet | None, asynchronous: bool) -> Parts:
-    tensors = list(tensors)
-    if op is Adasum:
-        check_adasum(process_set, [t.dtype for t in tensors])
-        return _combined([adasum_parts(t, t if in_place else None, _sub(key, i), prescale_factor,
-                                       postscale_factor, asynchronous)
-                          for i, t in enumerate(tensors)])
-    if not any(_scaled_here(t.dtype, op, prescale_factor, postscale_factor) for t in tensors):
-        if in_place:
-            functions = rtc.grouped_allreduce_, rtc.grouped_allreduce_async_
-        else:
-            functions = rtc.grouped_allreduce, rtc.grouped_allreduce_async
-        part = launch(asynchronous, *functions, tensors, op=op, name=key,
-                      prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                      process_set=process_set)
-        return [part], lambda results: list(results[0])
-    works = [_prescaled(t, prescale_factor) for t in tensors]
-    part = launch(asynchronous, rtc.grouped_allreduce_, rtc.grouped_allreduce_async_, works,
-                  op=_reducing(op), name=key, process_set=process_set)
-    divisor = _set_size(process_set) if op is Average else 1
-
-    def finish(results: list[Any]) -> list[torch.Tensor]:
-        return [_into(t if in_place else None, _postscaled(r, divisor, postscale_factor))
-                for t, r in zip(tensors, results[0])]
-
-    return [part], finish
-
-
-def _grouped_allreduce_now(tensors: Sequence[torch.Tensor], name: str | None, op: Any,
-                           prescale_factor: float, postscale_factor: float,
-                           process_set: rtc.ProcessSet | None) -> list[torch.Tensor]:
-    return _run("grouped_allreduce", name, False, lambda key: _grouped_allreduce_parts(
-        tensors, False, key, op, prescale_factor, postscale_factor, process_set, False))
 
 
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -522,12 +346,8 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
     op = _resolve_op(op, average)
     compressed, contexts = zip(*[compression.compress(t) for t in tensors]) if tensors \
         else ((), ())
-    if _needs_grad(*compressed):
-        results = _autograd.GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor,
-                                                   process_set, *compressed)
-    else:
-        results = _grouped_allreduce_now(compressed, name, op, prescale_factor,
-                                         postscale_factor, process_set)
+    results = _autograd.grouped_allreduce(compressed, name, op, prescale_factor,
+                                          postscale_factor, process_set)
     return [compression.decompress(r, c) for r, c in zip(results, contexts)]
 
 
@@ -537,7 +357,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
                             process_set: rtc.ProcessSet = global_process_set) -> Handle:
     """Start :func:`grouped_allreduce` (``ringtrain.grouped_allreduce_async``)."""
     op = _resolve_op(op, average)
-    return _run("grouped_allreduce", name, True, lambda key: _grouped_allreduce_parts(
+    return run("grouped_allreduce", name, True, lambda key: grouped_allreduce_parts(
         tensors, False, key, op, prescale_factor, postscale_factor, process_set, True))
 
 
@@ -547,7 +367,7 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
                        process_set: rtc.ProcessSet = global_process_set) -> list[torch.Tensor]:
     """In-place :func:`grouped_allreduce` (``ringtrain.grouped_allreduce_``)."""
     op = _resolve_op(op, average)
-    return _run("grouped_allreduce", name, False, lambda key: _grouped_allreduce_parts(
+    return run("grouped_allreduce", name, False, lambda key: grouped_allreduce_parts(
         tensors, True, key, op, prescale_factor, postscale_factor, process_set, False))
 
 
@@ -557,7 +377,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
                              process_set: rtc.ProcessSet = global_process_set) -> Handle:
     """Start :func:`grouped_allreduce_` (``ringtrain.grouped_allreduce_async_``)."""
     op = _resolve_op(op, average)
-    return _run("grouped_allreduce", name, True, lambda key: _grouped_allreduce_parts(
+    return run("grouped_allreduce", name, True, lambda key: grouped_allreduce_parts(
         tensors, True, key, op, prescale_factor, postscale_factor, process_set, True))
 
 
@@ -571,36 +391,23 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: Any,
 
     def build(key: str | None) -> Parts:
         indices = tensor._indices().t().contiguous()
-        parts = [launch(True, rtc.allgather, rtc.allgather_async, data, name=_sub(key, part),
+        parts = [launch(True, rtc.allgather, rtc.allgather_async, data, name=sub_key(key, part),
                         process_set=process_set)
                  for part, data in ((0, indices), (1, tensor._values()))]
 
         def finish(results: list[Any]) -> torch.Tensor:
             gathered_indices, values = results
             if op is Average:
-                values = values / _set_size(process_set)
+                values = values / set_size(process_set)
             return torch.sparse_coo_tensor(gathered_indices.t(), values, tensor.size(),
                                            check_invariants=False)
 
         return parts, finish
 
-    return _run("sparse_allreduce", name, True, build)
+    return run("sparse_allreduce", name, True, build)
 
 
 # --------------------------------------------------------------------------- allgather
-
-def _allgather_parts(tensor: torch.Tensor, key: str | None,
-                     process_set: rtc.ProcessSet | None, asynchronous: bool) -> Parts:
-    part = launch(asynchronous, rtc.allgather, rtc.allgather_async, tensor, name=key,
-                  process_set=process_set)
-    return [part], _first
-
-
-def _allgather_now(tensor: torch.Tensor, name: str | None,
-                   process_set: rtc.ProcessSet | None) -> torch.Tensor:
-    return _run("allgather", name, False,
-                lambda key: _allgather_parts(tensor, key, process_set, False))
-
 
 def allgather(tensor: torch.Tensor, name: str | None = None,
               process_set: rtc.ProcessSet = global_process_set) -> torch.Tensor:
@@ -608,28 +415,14 @@ def allgather(tensor: torch.Tensor, name: str | None = None,
 
     Differentiable: the gradient is this rank's rows of the averaged gradient.
     """
-    if _needs_grad(tensor):
-        return _autograd.Allgather.apply(tensor, name, process_set)
-    return _allgather_now(tensor, name, process_set)
+    return _autograd.allgather(tensor, name, process_set)
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: rtc.ProcessSet = global_process_set) -> Handle:
     """Start :func:`allgather` (``ringtrain.allgather_async``)."""
-    return _run("allgather", name, True,
-                lambda key: _allgather_parts(tensor, key, process_set, True))
-
-
-def _grouped_allgather_parts(tensors: Sequence[torch.Tensor], key: str | None,
-                             process_set: rtc.ProcessSet | None, asynchronous: bool) -> Parts:
-    return _combined([_allgather_parts(t, _sub(key, i), process_set, asynchronous)
-                      for i, t in enumerate(tensors)])
-
-
-def _grouped_allgather_now(tensors: Sequence[torch.Tensor], name: str | None,
-                           process_set: rtc.ProcessSet | None) -> list[torch.Tensor]:
-    return _run("grouped_allgather", name, False,
-                lambda key: _grouped_allgather_parts(tensors, key, process_set, False))
+    return run("allgather", name, True,
+               lambda key: allgather_parts(tensor, key, process_set, True))
 
 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
@@ -638,36 +431,17 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
 
     Differentiable.
     """
-    if _needs_grad(*tensors):
-        return list(_autograd.GroupedAllgather.apply(name, process_set, *tensors))
-    return _grouped_allgather_now(tensors, name, process_set)
+    return _autograd.grouped_allgather(tensors, name, process_set)
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
                             process_set: rtc.ProcessSet = global_process_set) -> Handle:
     """Start :func:`grouped_allgather` (``ringtrain.allgather_async`` per tensor)."""
-    return _run("grouped_allgather", name, True,
-                lambda key: _grouped_allgather_parts(tensors, key, process_set, True))
+    return run("grouped_allgather", name, True,
+               lambda key: grouped_allgather_parts(tensors, key, process_set, True))
 
 
 # --------------------------------------------------------------------------- broadcast
-
-def _broadcast_parts(tensor: torch.Tensor, in_place: bool, root_rank: int, key: str | None,
-                     process_set: rtc.ProcessSet | None, asynchronous: bool) -> Parts:
-    if in_place:
-        functions = rtc.broadcast_, rtc.broadcast_async_
-    else:
-        functions = rtc.broadcast, rtc.broadcast_async
-    part = launch(asynchronous, *functions, tensor, root_rank, name=key,
-                  process_set=process_set)
-    return [part], _first
-
-
-def _broadcast_now(tensor: torch.Tensor, root_rank: int, name: str | None,
-                   process_set: rtc.ProcessSet | None) -> torch.Tensor:
-    return _run("broadcast", name, False, lambda key: _broadcast_parts(
-        tensor, False, root_rank, key, process_set, False))
-
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
               process_set: rtc.ProcessSet = global_process_set) -> torch.Tensor:
@@ -675,59 +449,31 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
 
     Differentiable: the root gets the averaged gradient, the other ranks zeros.
     """
-    if _needs_grad(tensor):
-        return _autograd.Broadcast.apply(tensor, root_rank, name, process_set)
-    return _broadcast_now(tensor, root_rank, name, process_set)
+    return _autograd.broadcast(tensor, root_rank, name, process_set)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: rtc.ProcessSet = global_process_set) -> Handle:
     """Start :func:`broadcast` (``ringtrain.broadcast_async``)."""
-    return _run("broadcast", name, True, lambda key: _broadcast_parts(
+    return run("broadcast", name, True, lambda key: broadcast_parts(
         tensor, False, root_rank, key, process_set, True))
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                process_set: rtc.ProcessSet = global_process_set) -> torch.Tensor:
     """In-place :func:`broadcast` (``ringtrain.broadcast_``); returns ``tensor``."""
-    return _run("broadcast", name, False, lambda key: _broadcast_parts(
+    return run("broadcast", name, False, lambda key: broadcast_parts(
         tensor, True, root_rank, key, process_set, False))
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: rtc.ProcessSet = global_process_set) -> Handle:
     """Start :func:`broadcast_` (``ringtrain.broadcast_async_``)."""
-    return _run("broadcast", name, True, lambda key: _broadcast_parts(
+    return run("broadcast", name, True, lambda key: broadcast_parts(
         tensor, True, root_rank, key, process_set, True))
 
 
 # --------------------------------------------------------------------------- alltoall
-
-def _alltoall_parts(tensor: torch.Tensor, splits: Any, key: str | None,
-                    process_set: rtc.ProcessSet | None, asynchronous: bool) -> Parts:
-    splits_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
-    if splits is None:
-        ranks = _set_size(process_set)
-        if tensor.dim() > 0 and tensor.shape[0] % ranks:
-            raise ValueError(f"alltoall without splits needs a first dimension divisible by "
-                             f"the number of ranks ({ranks}), got {tensor.shape[0]}")
-    elif isinstance(splits, torch.Tensor):
-        splits = splits.detach().cpu().numpy()
-    part = launch(asynchronous, rtc.alltoall, rtc.alltoall_async, tensor, splits, name=key,
-                  process_set=process_set)
-
-    def finish(results: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        output, received_splits = results[0]
-        return output, received_splits.to(splits_dtype)
-
-    return [part], finish
-
-
-def _alltoall_now(tensor: torch.Tensor, splits: Any, name: str | None,
-                  process_set: rtc.ProcessSet | None) -> tuple[torch.Tensor, torch.Tensor]:
-    return _run("alltoall", name, False,
-                lambda key: _alltoall_parts(tensor, splits, key, process_set, False))
-
 
 def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
              process_set: rtc.ProcessSet = global_process_set) -> Any:
@@ -738,46 +484,18 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
     the received rows, and with ``splits`` also the received splits (a tensor of the
     splits' dtype, int32 for a list). Differentiable.
     """
-    if _needs_grad(tensor):
-        return _autograd.Alltoall.apply(tensor, splits, name, process_set)
-    output, received_splits = _alltoall_now(tensor, splits, name, process_set)
-    return output if splits is None else (output, received_splits)
+    return _autograd.alltoall(tensor, splits, name, process_set)
 
 
 def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
                    process_set: rtc.ProcessSet = global_process_set) -> Handle:
     """Start :func:`alltoall` (``ringtrain.alltoall_async``); synchronize gives
     ``(received rows, received splits)``."""
-    return _run("alltoall", name, True,
-                lambda key: _alltoall_parts(tensor, splits, key, process_set, True))
+    return run("alltoall", name, True,
+               lambda key: alltoall_parts(tensor, splits, key, process_set, True))
 
 
 # --------------------------------------------------------------------------- reducescatter
-
-def _reducescatter_parts(tensor: torch.Tensor, key: str | None, op: Any,
-                         process_set: rtc.ProcessSet | None, prescale_factor: float,
-                         postscale_factor: float, asynchronous: bool) -> Parts:
-    if op is Adasum:
-        raise NotImplementedError("reducescatter does not support Adasum")
-    functions = rtc.reducescatter, rtc.reducescatter_async
-    if not _scaled_here(tensor.dtype, op, prescale_factor, postscale_factor):
-        part = launch(asynchronous, *functions, tensor, op=op, name=key,
-                      prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                      process_set=process_set)
-        return [part], _first
-    work = _prescaled(tensor, prescale_factor)
-    part = launch(asynchronous, *functions, work, op=_reducing(op), name=key,
-                  process_set=process_set)
-    divisor = _set_size(process_set) if op is Average else 1
-    return [part], lambda results: _postscaled(results[0], divisor, postscale_factor)
-
-
-def _reducescatter_now(tensor: torch.Tensor, name: str | None, op: Any,
-                       process_set: rtc.ProcessSet | None, prescale_factor: float,
-                       postscale_factor: float) -> torch.Tensor:
-    return _run("reducescatter", name, False, lambda key: _reducescatter_parts(
-        tensor, key, op, process_set, prescale_factor, postscale_factor, False))
-
 
 def reducescatter(tensor: torch.Tensor, name: str | None = None,
                   compression: type[Compressor] = Compression.none, op: Any = Average,
@@ -789,12 +507,8 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None,
     ``op`` is Average (default), Sum, Min, Max or Product. Differentiable.
     """
     compressed, context = compression.compress(tensor)
-    if _needs_grad(compressed):
-        result = _autograd.Reducescatter.apply(compressed, name, op, process_set,
-                                               prescale_factor, postscale_factor)
-    else:
-        result = _reducescatter_now(compressed, name, op, process_set, prescale_factor,
-                                    postscale_factor)
+    result = _autograd.reducescatter(compressed, name, op, process_set, prescale_factor,
+                                     postscale_factor)
     return compression.decompress(result, context)
 
 
@@ -802,23 +516,8 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any =
                         process_set: rtc.ProcessSet = global_process_set,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     """Start :func:`reducescatter` (``ringtrain.reducescatter_async``)."""
-    return _run("reducescatter", name, True, lambda key: _reducescatter_parts(
+    return run("reducescatter", name, True, lambda key: reducescatter_parts(
         tensor, key, op, process_set, prescale_factor, postscale_factor, True))
-
-
-def _grouped_reducescatter_parts(tensors: Sequence[torch.Tensor], key: str | None, op: Any,
-                                 process_set: rtc.ProcessSet | None, prescale_factor: float,
-                                 postscale_factor: float, asynchronous: bool) -> Parts:
-    return _combined([_reducescatter_parts(t, _sub(key, i), op, process_set, prescale_factor,
-                                           postscale_factor, asynchronous)
-                      for i, t in enumerate(tensors)])
-
-
-def _grouped_reducescatter_now(tensors: Sequence[torch.Tensor], name: str | None, op: Any,
-                               process_set: rtc.ProcessSet | None, prescale_factor: float,
-                               postscale_factor: float) -> list[torch.Tensor]:
-    return _run("grouped_reducescatter", name, False, lambda key: _grouped_reducescatter_parts(
-        tensors, key, op, process_set, prescale_factor, postscale_factor, False))
 
 
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
@@ -830,12 +529,8 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
     each). Differentiable."""
     compressed, contexts = zip(*[compression.compress(t) for t in tensors]) if tensors \
         else ((), ())
-    if _needs_grad(*compressed):
-        results = _autograd.GroupedReducescatter.apply(name, op, process_set, prescale_factor,
-                                                       postscale_factor, *compressed)
-    else:
-        results = _grouped_reducescatter_now(compressed, name, op, process_set,
-                                             prescale_factor, postscale_factor)
+    results = _autograd.grouped_reducescatter(compressed, name, op, process_set,
+                                              prescale_factor, postscale_factor)
     return [compression.decompress(r, c) for r, c in zip(results, contexts)]
 
 
@@ -845,7 +540,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
                                 prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> Handle:
     """Start :func:`grouped_reducescatter` (``ringtrain.reducescatter_async`` per tensor)."""
-    return _run("grouped_reducescatter", name, True, lambda key: _grouped_reducescatter_parts(
+    return run("grouped_reducescatter", name, True, lambda key: grouped_reducescatter_parts(
         tensors, key, op, process_set, prescale_factor, postscale_factor, True))
 
 

@@ -32,6 +32,7 @@ import torch
 from ... import collectives
 from ...collectives.errors import UsageError
 from ...kernels.compression import Compressor as WireCompressor
+from .._names import repeated_names
 from ..torch_optimizer import TorchDistributedOptimizer
 from . import _adasum as adasum
 from .compression import Compression, Compressor
@@ -302,7 +303,7 @@ def _horovod_names(optimizer: torch.optim.Optimizer,
                          "usually produced by model.named_parameters().")
     # Checked before anything needs ringtrain initialized, as Horovod does.
     names = [name for name, _ in named]
-    repeated = sorted({name for name in names if names.count(name) > 1})
+    repeated = sorted(repeated_names(names))
     if repeated:
         raise ValueError(f"Parameter names in named_parameters must be unique. Found "
                          f"duplicates: {', '.join(repeated)}")
