@@ -76,6 +76,10 @@ class Activity:
         self.current = Entry(number, fields.get("collective", "?"), fields.get("name"),
                              world_ranks, fields, time.monotonic())
 
+    def resume(self, entry: Entry | None) -> None:
+        """The collective ``entry`` is in progress again (a call ran inside its agreement)."""
+        self.current = entry
+
     def agreed(self) -> None:
         """Every rank has entered the collective in progress (or it failed)."""
         self.last, self.current = self.current, None

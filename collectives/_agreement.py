@@ -31,6 +31,8 @@ a different size still cannot overflow its partner.
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +40,13 @@ import numpy as np
 
 from ..kernels.host import scale_into
 from ..kernels.reduction import Combine
-from . import _recursive_doubling
+from . import _name_matching, _recursive_doubling
 from ._activity import ACTIVITY
 from ._tracing import phase
+from ._executor import MAIN_THREAD, TURN
 from ._group import Group
+from ._name_matching import Order
+from ._world import world
 from .errors import ABSENT, MismatchError, UsageError, format_ranks, subject
 
 HEADER_BYTES = 40
@@ -50,7 +55,7 @@ PAYLOAD_CAPACITY = 128 * 1024
 """Largest allreduce payload that travels with the header (fixed: part of the protocol)."""
 
 _SIGNATURE_MASK = (1 << 62) - 1
-_AGAIN = object()
+_DIFFERENT = object()
 
 
 class Call:
@@ -63,7 +68,7 @@ class Call:
         header: this call's signature fields, ``[signature, -signature]`` as int64.
     """
 
-    __slots__ = ("fields", "signature", "header", "header_bytes")
+    __slots__ = ("fields", "signature", "header", "header_bytes", "threaded", "_by_thread")
 
     def __init__(self, **fields: Any):
         self.fields = fields
@@ -71,6 +76,25 @@ class Call:
         self.signature = int.from_bytes(digest, "little") & _SIGNATURE_MASK
         self.header = np.array([self.signature, -self.signature], np.int64)
         self.header_bytes = self.header.tobytes()
+        self.threaded = fields.get("name") is None and "thread" not in fields and \
+            _carries_data(fields.get("collective", ""))
+        self._by_thread: dict[str, Call] = {}
+
+    def made_by(self, thread: threading.Thread) -> Call:
+        """This call as ``thread`` made it: an unnamed call made by a thread other than
+        the main thread carries the thread's name, so that the unnamed calls of two
+        threads never meet (named calls are matched by name instead)."""
+        if not self.threaded or thread is MAIN_THREAD:
+            return self
+        tagged = self._by_thread.get(thread.name)
+        if tagged is None:
+            tagged = self._by_thread[thread.name] = Call(**self.fields, thread=thread.name)
+        return tagged
+
+
+def _carries_data(collective: str) -> bool:
+    """Barriers, joins and the ends of sequences move no data: any thread may meet them."""
+    return collective not in ("barrier", "join") and not collective.startswith("end of")
 
 
 @dataclass(frozen=True)
@@ -132,6 +156,8 @@ def agree(group: Group, call: Call, payload: np.ndarray | None = None,
     Raises:
         MismatchError: on every rank, when any rank's ``call`` differs.
     """
+    if call.threaded:
+        call = call.made_by(TURN.caller())
     ACTIVITY.enter(group.world_ranks, call.fields)
     if group.size == 1:
         ACTIVITY.agreed()
@@ -143,13 +169,17 @@ def agree(group: Group, call: Call, payload: np.ndarray | None = None,
     buffers = group.state.get("agreement")
     if buffers is None:
         buffers = group.state["agreement"] = _Buffers()
+    disagreeing_since = None
     try:
         with phase("wait for ranks"):
             while True:
                 agreed = _exchange(group, call, buffers, payload, combine, result,
                                    prescale_factor, local_range)
-                if agreed is not _AGAIN:
+                if agreed is not _DIFFERENT:
                     return agreed
+                now = time.monotonic()
+                disagreeing_since = disagreeing_since or now
+                _resolve_mismatch(group, call, now - disagreeing_since)
     finally:
         ACTIVITY.agreed()
 
@@ -175,7 +205,7 @@ def agree_joined(group: Group, call: Call) -> list[dict[str, Any]] | None:
                                      buffers.combine_headers)
         if buffers.signature.tobytes() == call.header_bytes:
             return None
-        return group.comm.allgather(call.fields)
+        return [fields for fields, _ in group.comm.allgather((call.fields, Order()))]
 
 
 def _exchange(group: Group, call: Call, buffers: _Buffers, payload: np.ndarray | None,
@@ -207,8 +237,7 @@ def _exchange(group: Group, call: Call, buffers: _Buffers, payload: np.ndarray |
         _recursive_doubling.exchange(group, buffers.message[:end], buffers.receive, fold)
     # The combined header is [max, -min] of all signatures: ours again exactly when all agree.
     if buffers.signature.tobytes() != call.header_bytes:
-        _resolve_mismatch(group, call)
-        return _AGAIN
+        return _DIFFERENT
     if payload is not None:
         result[:] = data
     if local_range is None:
@@ -217,10 +246,29 @@ def _exchange(group: Group, call: Call, buffers: _Buffers, payload: np.ndarray |
     return ValueRange(float(header[2:3].view(np.float64)[0]), nonfinite)
 
 
-def _resolve_mismatch(group: Group, call: Call) -> None:
-    """Raise the error this rank's call gets, or return when it must be exchanged again."""
-    everyone = group.comm.allgather(call.fields)
+def _resolve_mismatch(group: Group, call: Call, waited: float) -> None:
+    """Raise the error this rank's call gets, or return when it must be exchanged again
+    (after running, out of turn, the waiting call the ranks chose to run first)."""
+    state = world()
+    order = _name_matching.local_order(state.executor, group.world_ranks, state.group.size,
+                                       waited)
+    gathered = group.comm.allgather((call.fields, order))
+    everyone = [fields for fields, _ in gathered]
+    orders = [order for _, order in gathered]
+    names = [fields.get("name") for fields in everyone]
     outcome = resolve(everyone)
+    if outcome.failing and not outcome.joined and not outcome.again and \
+            not any("refused" in fields for fields in everyone):
+        chosen = _name_matching.choose(names, orders)
+        if chosen == _name_matching.WAIT:
+            _name_matching.pause(orders)
+            return
+        if chosen is not None:
+            if call.fields.get("name") != chosen:
+                _run_out_of_turn(state, group, chosen)
+            return
+        hint = _name_matching.threads_hint(group.world_ranks, names, orders)
+        raise _mismatch_error(group, everyone, outcome.failing, hint)
     rank = group.rank
     if rank in outcome.again:
         return
@@ -231,6 +279,15 @@ def _resolve_mismatch(group: Group, call: Call) -> None:
             f"{joined} joined (ringtrain.join) and can only contribute zeros to "
             f"allreduces and wait in barriers; call it on every rank, or join everywhere")
     raise _mismatch_error(group, everyone, outcome.failing)
+
+
+def _run_out_of_turn(state: Any, group: Group, name: str) -> None:
+    """Run this rank's waiting call ``name`` now, then resume the call in progress."""
+    entry = ACTIVITY.current
+    key = _name_matching.waiting_key(state.executor, name, group.world_ranks,
+                                     state.group.size)
+    state.executor.run_waiting(key)
+    ACTIVITY.resume(entry)
 
 
 @dataclass(frozen=True)
@@ -287,16 +344,17 @@ def resolve(everyone: list[dict[str, Any]]) -> Outcome:
 
 
 def _mismatch_error(group: Group, everyone: list[dict[str, Any]],
-                    failing: tuple[int, ...]) -> MismatchError:
+                    failing: tuple[int, ...], hint: str | None = None) -> MismatchError:
     refused = any("refused" in description for description in everyone)
     names = ["refused"] if refused else \
         list(dict.fromkeys(name for description in everyone for name in description))
     differences = {}
     for name in names:
-        values = {group.world_ranks[r]: description.get(name, ABSENT)
+        absent = MAIN_THREAD.name if name == "thread" else ABSENT
+        values = {group.world_ranks[r]: description.get(name, absent)
                   for r, description in enumerate(everyone)}
         if len({repr(v) for v in values.values()}) > 1:
             differences[name] = values
     # Every failing rank names the call as the first of them made it: one message everywhere.
     first = everyone[failing[0]]
-    return MismatchError(first.get("collective"), first.get("name"), differences)
+    return MismatchError(first.get("collective"), first.get("name"), differences, hint)

@@ -16,7 +16,7 @@ from ._buffers import Restore
 from ._executor import Handle
 from ._process_sets import ProcessSet, resolve_group
 from ._tracing import call_span
-from ._world import mpi_threads_supported, world
+from ._world import mpi_thread_serialized, world
 from .errors import (CommunicationError, InvalidArgumentError, RingtrainError,
                      UnsupportedDtypeError, subject)
 from .logs import LOGGER, log_call
@@ -26,23 +26,27 @@ LOCAL_REFUSALS = (InvalidArgumentError, UnsupportedDtypeError)
 
 
 def execute(collective: str, name: str | None, body: Callable[[], Any],
-            asynchronous: bool = False, restore: Restore | None = None) -> Any:
+            asynchronous: bool = False, restore: Restore | None = None,
+            process_set: ProcessSet | None = None) -> Any:
     """Run ``body`` in program order; return its result, or a :class:`Handle` if asynchronous.
 
-    ``restore`` turns the result into what the caller gets (see :mod:`._buffers`).
+    ``restore`` turns the result into what the caller gets (see :mod:`._buffers`). A
+    named call on ``process_set`` that waits for its turn behind another thread's can be
+    matched by name (see :mod:`._name_matching`).
     """
     if restore is not None:
         body = _restored(body, restore)
     executor = world().executor
     arguments = (collective, name, body)
+    match_key = None if name is None else (name, process_set)
     if not asynchronous:
-        return executor.run(_guarded, arguments, collective, name)
-    if not mpi_threads_supported():
+        return executor.run(_guarded, arguments, collective, name, match_key)
+    if not mpi_thread_serialized():
         raise RingtrainError(
             f"{subject(collective + '_async', name)}: MPI was initialized without "
             f"thread support (MPI_THREAD_SERIALIZED or better is needed); leave "
             f"mpi4py.rc.thread_level at its default 'multiple'")
-    return executor.submit(_guarded, arguments, collective, name)
+    return executor.submit(_guarded, arguments, collective, name, match_key)
 
 
 def collective_call(collective: str, name: str | None, process_set: ProcessSet | None,
@@ -64,10 +68,10 @@ def collective_call(collective: str, name: str | None, process_set: ProcessSet |
         if refusal is None:
             raise
         if asynchronous:
-            execute(collective, name, refusal, asynchronous=True)
+            execute(collective, name, refusal, asynchronous=True, process_set=process_set)
             raise
-        return execute(collective, name, refusal)
-    return execute(collective, name, body, asynchronous, restore)
+        return execute(collective, name, refusal, process_set=process_set)
+    return execute(collective, name, body, asynchronous, restore, process_set)
 
 
 def _refusal(collective: str, name: str | None, process_set: ProcessSet | None,
@@ -125,7 +129,7 @@ def _run(collective: str, name: str | None, body: Callable[[], Any]) -> Any:
 
 
 def poll(handle: Handle) -> bool:
-    """Whether the asynchronous collective behind ``handle`` has finished.
+    """Whether the asynchronous collective behind ``handle`` has finished (from any thread).
 
     Args:
         handle: returned by one of the ``*_async`` functions.
@@ -134,7 +138,7 @@ def poll(handle: Handle) -> bool:
 
 
 def synchronize(handle: Handle) -> Any:
-    """Wait for an asynchronous collective and return its result.
+    """Wait for an asynchronous collective and return its result (from any thread).
 
     Args:
         handle: returned by one of the ``*_async`` functions.

@@ -72,6 +72,12 @@ class ProcessSet:
             raise InvalidArgumentError(
                 f"{subject(collective, tensor_name)}: this rank "
                 f"is not a member of process set {list(self._ranks)}")
+        # Built in turn with the collectives: its messages travel on ringtrain's communicator.
+        return state.executor.run(self._build, (state,), "add_process_set", None)
+
+    def _build(self, state: World) -> Group:
+        if self._group is not None and self._generation == state.generation:
+            return self._group  # another thread built it first
         members = state.group.comm.Get_group().Incl(list(self._ranks))
         tag = zlib.crc32(repr(self._ranks).encode()) % 32768
         comm = state.group.comm.Create_group(members, tag)

@@ -35,7 +35,7 @@ from ._placement import memory_for
 from ._objects import end_of_sequence
 from ._ops import COPY_DTYPES
 from ._plans import AllreducePlan, allreduce_plan
-from ._process_sets import resolve_group
+from ._process_sets import ProcessSet, resolve_group
 from ._tracing import phase
 
 __all__ = [
@@ -45,9 +45,14 @@ __all__ = [
 ]
 
 
-def submit(collective: str, name: str | None, body: Callable[[], Any]) -> Handle:
-    """Queue ``body`` on the collectives thread, in program order; its handle."""
-    return execute(collective, name, body, asynchronous=True)
+def submit(collective: str, name: str | None, body: Callable[[], Any],
+           process_set: ProcessSet | None = None) -> Handle:
+    """Queue ``body`` on the collectives thread, in program order; its handle.
+
+    A named body on ``process_set`` that other threads' calls overtake on some rank is
+    matched with the others' by its name (see :func:`execute`).
+    """
+    return execute(collective, name, body, asynchronous=True, process_set=process_set)
 
 
 def on_device(tensor: DeviceTensor) -> ContextManager[Any]:

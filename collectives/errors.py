@@ -47,14 +47,18 @@ class MismatchError(RingtrainError, RuntimeError):
         tensor_name: the ``name=`` given to the call (``None`` when unnamed).
         differences: for each differing field, the value each rank sent,
             as ``{field: {rank: value}}``.
+        hint: what to do about it, where the cause is known (e.g. calls from several
+            threads), or None.
     """
 
     def __init__(self, collective: str, tensor_name: str | None,
-                 differences: Mapping[str, Mapping[int, Any]]):
+                 differences: Mapping[str, Mapping[int, Any]], hint: str | None = None):
         self.collective = collective
         self.tensor_name = tensor_name
         self.differences = {field: dict(values) for field, values in differences.items()}
-        super().__init__(_describe_mismatch(collective, tensor_name, self.differences))
+        self.hint = hint
+        message = _describe_mismatch(collective, tensor_name, self.differences)
+        super().__init__(message if hint is None else f"{message}. {hint}")
 
 
 _rank: int | None = None

@@ -6,12 +6,20 @@ into its destination while the segment is still in cache; it allocates nothing.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from . import host
+
+# A float sum or product that overflows gives inf (and inf - inf gives NaN), as MPI's
+# own reductions do; numpy would also warn, from inside ringtrain's code, where the
+# user can do nothing about it. np.errstate around each step would cost 1.7 µs a call;
+# this filter costs nothing until a warning is raised.
+warnings.filterwarnings("ignore", r"(overflow|invalid value) encountered in "
+                        r"(add|multiply|minimum|maximum)", RuntimeWarning, r"ringtrain\.")
 
 Combine = Callable[..., None]
 """``combine(a, b, out=out)``: sets ``out = a (op) b``; ``out`` may be ``a`` or ``b``."""

@@ -177,3 +177,78 @@ def test_blocking_calls_from_several_threads_never_overlap(executor):
     for h in handles:
         h.wait()
     assert not overlaps
+
+
+def test_handles_are_futures(executor):
+    import concurrent.futures
+    gate = threading.Event()
+    handle = submit(executor, gate.wait, 5)
+    assert isinstance(handle, concurrent.futures.Future)
+    with pytest.raises(concurrent.futures.TimeoutError):
+        handle.result(timeout=0.01)
+    assert not handle.cancel() and not handle.cancelled(), "a collective cannot be cancelled"
+    seen = []
+    handle.add_done_callback(lambda h: seen.append(h.result()))
+    gate.set()
+    done, not_done = concurrent.futures.wait([handle], timeout=5)
+    assert handle in done and not not_done and seen == [True]
+    assert handle.wait(timeout=1) is True
+
+
+def test_handles_are_waited_for_from_other_threads(executor):
+    gate = threading.Event()
+    handle = submit(executor, lambda: gate.wait(5) and "value")
+    results = []
+    waiters = [threading.Thread(target=lambda: results.append(handle.wait())) for _ in range(3)]
+    for waiter in waiters:
+        waiter.start()
+    gate.set()
+    for waiter in waiters:
+        waiter.join(5)
+    assert results == ["value"] * 3
+
+
+def test_a_call_made_inside_a_call_runs_at_once(executor):
+    """A body that makes another call (holding the turn) runs it inline, whether it
+    runs on the caller's thread or on the worker."""
+    assert run(executor, lambda: run(executor, lambda: "inner")) == "inner"
+    assert submit(executor, lambda: run(executor, lambda: "inner")).wait(5) == "inner"
+
+
+def test_several_threads_are_noticed_the_worker_aside(executor):
+    submit(executor, lambda: run(executor, lambda: None)).wait(5)
+    run(executor, lambda: None)
+    assert not executor.several_threads
+    other = threading.Thread(target=lambda: run(executor, lambda: None))
+    other.start()
+    other.join(5)
+    assert executor.several_threads
+
+
+def test_a_waiting_call_runs_out_of_turn_when_asked(executor):
+    """The thread holding the turn runs a named call waiting behind it; the call's
+    handle gets its result and the worker does not run it again."""
+    inside, release = threading.Event(), threading.Event()
+    ran = []
+
+    def first():
+        inside.set()
+        release.wait(5)
+        assert executor.waiting_names() == [("b", None), ("c", None)]
+        executor.run_waiting(("c", None))
+        ran.append("a")
+
+    def record(label):
+        ran.append(label)
+        return label
+
+    handles = [executor.submit(first, (), "test", "a", ("a", None))]
+    inside.wait(5)
+    handles += [executor.submit(record, ("b",), "test", "b", ("b", None)),
+                executor.submit(record, ("c",), "test", "c", ("c", None))]
+    release.set()
+    assert [h.wait(5) for h in handles[1:]] == ["b", "c"]
+    handles[0].wait(5)
+    assert ran == ["c", "a", "b"]
+    with pytest.raises(LookupError):
+        executor.run_waiting(("missing", None))

@@ -33,6 +33,7 @@ from ..kernels.dispatch import dtype_of
 from ..kernels.layout import DEFAULT_ALIGNMENT_BYTES
 from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec, assign_buckets
 from ._buckets import fusion_threshold as resolve_fusion_threshold
+from ._names import repeated_names
 
 _COLLECTIVE = "allreduce_"
 _NAMES_SHOWN = 3
@@ -313,14 +314,15 @@ class GradientReducer:
             if self._next_launch == 0 and self.step_prologue is not None:
                 self._handles.append(submit(_COLLECTIVE, "step prologue",
                                             functools.partial(self._step.run,
-                                                              self.step_prologue)))
+                                                              self.step_prologue),
+                                            self.process_set))
             bucket = self.buckets[self._next_launch]
             gradients = [self._gradients[i] for i in bucket.members]
             body = functools.partial(self._step.run, bucket.reduce, self._plans[bucket.index],
                                      functools.partial(self._device_plan, bucket.index),
                                      gradients, self._prescale, self._postscale,
                                      self._as_array)
-            self._handles.append(submit(_COLLECTIVE, bucket.name, body))
+            self._handles.append(submit(_COLLECTIVE, bucket.name, body, self.process_set))
             self._next_launch += 1
 
     def _reset(self) -> None:
@@ -412,18 +414,8 @@ def _specs(gradients: Sequence[tuple[str, Any]]) -> list[GradientSpec]:
                 f"gradient {position}: the name must be a non-empty string, got {name!r}")
         specs.append(GradientSpec(name, tuple(int(n) for n in like.shape),
                                   np.dtype(like.dtype)))
-    duplicates = _duplicates(spec.name for spec in specs)
+    duplicates = repeated_names(spec.name for spec in specs)
     if duplicates:
         raise InvalidArgumentError(
             f"gradient names must be unique; repeated: {', '.join(map(repr, duplicates))}")
     return specs
-
-
-def _duplicates(names: Any) -> list[str]:
-    seen: set[str] = set()
-    repeated: list[str] = []
-    for name in names:
-        if name in seen and name not in repeated:
-            repeated.append(name)
-        seen.add(name)
-    return repeated

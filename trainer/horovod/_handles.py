@@ -44,6 +44,7 @@ class Handle:
         self._key = key
         self._done = False
         self._result: Any = None
+        self._finishing = threading.Lock()  # synchronize may come from several threads
         line = timeline.ACTIVE
         self._started = line.now() if line is not None else None
 
@@ -53,7 +54,11 @@ class Handle:
                                  for part in self._parts)
 
     def wait(self) -> Any:
-        """Wait for the collectives, then return the operation's output."""
+        """Wait for the collectives, then return the operation's output (from any thread)."""
+        with self._finishing:
+            return self._wait()
+
+    def _wait(self) -> Any:
         if self._done:
             return self._result
         try:
