@@ -14,6 +14,11 @@ barrier keeps waiting while the collective the other ranks made fails, and a ran
 joined (:mod:`._join`) makes an allreduce the others made again, with zeros, while they
 exchange their headers once more.
 
+Named calls that threads made in different orders are matched by name on the same error
+path (:mod:`._name_matching`): the call every rank made or has waiting runs first. An
+unnamed call made by a thread other than the main one carries the thread's name in its
+signature (:meth:`Call.made_by`), so the unnamed calls of two threads never meet.
+
 The signature hashes everything that decides which messages follow (collective, tensor
 name, dtype, shape, op, root, algorithm, segment size), so a mismatch can never turn
 into a hang or a truncated message.
@@ -156,7 +161,7 @@ def agree(group: Group, call: Call, payload: np.ndarray | None = None,
     Raises:
         MismatchError: on every rank, when any rank's ``call`` differs.
     """
-    if call.threaded:
+    if call.threaded and not TURN.main_only:
         call = call.made_by(TURN.caller())
     ACTIVITY.enter(group.world_ranks, call.fields)
     if group.size == 1:

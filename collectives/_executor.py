@@ -18,6 +18,7 @@ import collections
 import concurrent.futures
 import threading
 from collections.abc import Callable
+from threading import get_ident
 from typing import Any
 
 from .errors import RingtrainError
@@ -27,6 +28,7 @@ MatchKey = tuple[str, Any]
 for all ranks)."""
 
 MAIN_THREAD = threading.main_thread()
+MAIN_IDENT = MAIN_THREAD.ident
 
 
 class _Turn:
@@ -35,6 +37,8 @@ class _Turn:
     unnamed calls of different threads must not meet."""
 
     thread: threading.Thread | None = None
+    main_only = True
+    """Whether every call so far came from the main thread (then ``thread`` is moot)."""
 
     def caller(self) -> threading.Thread:
         """The thread that made the call in progress."""
@@ -108,6 +112,7 @@ class Executor:
 
     def __init__(self) -> None:
         self._turn = threading.Lock()
+        self._take_turn, self._end_turn = self._turn.acquire, self._turn.release
         self._mutex = threading.Lock()
         self._wakeup = threading.Condition(self._mutex)
         self._queue: collections.deque[Handle] = collections.deque()
@@ -121,26 +126,28 @@ class Executor:
     def run(self, run: Callable[..., Any], args: tuple, collective: str, name: str | None,
             match_key: MatchKey | None = None) -> Any:
         """Run ``run(*args)`` now, after everything queued before it; return its result."""
-        caller = threading.get_ident()
-        if caller == self._holder:  # a call made inside the call in progress
-            return run(*args)
+        caller = get_ident()
         if caller != self._caller:
             self._note_caller(caller)
         # Queued calls go first: one queued by this thread is either still in the queue
         # or running on the worker, which then holds the turn.
-        if not self._queue and not self._closed and self._turn.acquire(False):
+        if not self._queue and self._take_turn(False):
             self._holder = caller
             try:
+                if self._closed:
+                    self._check_open()
                 return run(*args)
             finally:
                 self._holder = -1
-                self._turn.release()
+                self._end_turn()
+        if caller == self._holder:  # a call made inside the call in progress
+            return run(*args)
         return self._submit(run, args, collective, name, match_key).wait()
 
     def submit(self, run: Callable[..., Any], args: tuple, collective: str,
                name: str | None, match_key: MatchKey | None = None) -> Handle:
         """Queue ``run(*args)`` for the worker thread and return its handle."""
-        caller = threading.get_ident()
+        caller = get_ident()
         if caller != self._caller:
             self._note_caller(caller)
         return self._submit(run, args, collective, name, match_key)
@@ -178,6 +185,8 @@ class Executor:
     def _note_caller(self, caller: int) -> None:
         if caller == self._worker:
             return
+        if caller != MAIN_IDENT:
+            TURN.main_only = False
         if self._caller == -1:
             self._caller = caller
         else:
@@ -198,7 +207,7 @@ class Executor:
         return handle
 
     def _work(self) -> None:
-        me = threading.get_ident()
+        me = get_ident()
         while True:
             with self._mutex:
                 while not self._queue and not self._closed:
