@@ -10,15 +10,17 @@ From that, every rank decides the same thing (:func:`choose`):
 - a name that every rank has made or has waiting runs now: the ranks whose call it is
   exchange theirs again, the others run their waiting call of that name out of turn,
   then go back to their own call (so a call made everywhere runs, in one agreed order);
-- when no name is common yet but calls came from several threads somewhere (or the
-  call came from a thread other than the main thread), the ranks
-  wait a little and look again, as the other thread's call may be on its way, for at
-  most ``name_match_seconds`` (a setting; the lowest rank's value decides);
+- when no name is common yet but calls came from several threads somewhere (or from a
+  thread other than the main thread), the ranks wait a little and look again, as the
+  other thread's call may be on its way, for at most ``name_match_seconds`` (a setting;
+  the lowest rank's value decides);
 - otherwise the calls really differ: every rank raises the same MismatchError, which,
   when several threads were calling, says to name the calls or make them from one thread.
 
-Unnamed calls are not matched: they keep each rank's program order. Nothing of this
-runs while the ranks' calls agree; it costs nothing on that path.
+Unnamed calls are not matched: they keep each rank's program order, and those of two
+different threads never meet (their signatures carry the thread's name, see
+:meth:`._agreement.Call.made_by`). Nothing of this runs while the ranks' calls agree;
+it costs nothing on that path.
 """
 
 from __future__ import annotations

@@ -261,9 +261,10 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 }
 """The algorithms each collective offers; ``auto`` picks by message and world size."""
 
-# Settings of ringtrain.configure(). All but the last three decide which messages are
+# Settings of ringtrain.configure(). All but the last four decide which messages are
 # sent and reach every collective's signature through the algorithm, segment size and
-# node layout they choose; fusion_threshold and the stall seconds are each rank's own.
+# node layout they choose; fusion_threshold and the stall seconds are each rank's own,
+# and the lowest rank's name_match_seconds decides for all.
 ALLREDUCE_ALGORITHM = _setting(
     "allreduce_algorithm", parse_word, "auto",
     "the allreduce algorithm: auto or one of ALGORITHMS['allreduce']",
@@ -312,14 +313,14 @@ STALL_CHECK_SECONDS = _setting(
     "stall_check_seconds", parse_seconds, 60.0,
     "the stall inspector reports a collective waited in this long (0: off)",
     _at_least("stall_check_seconds", 0))
-NAME_MATCH_SECONDS = _setting(
-    "name_match_seconds", parse_seconds, 30.0,
-    "how long ranks whose threads made calls in different orders look for a common name",
-    _at_least("name_match_seconds", 0))
 STALL_SHUTDOWN_SECONDS = _setting(
     "stall_shutdown_seconds", parse_seconds, 0.0,
     "a collective waited in this long aborts the job (0: never)",
     _at_least("stall_shutdown_seconds", 0))
+NAME_MATCH_SECONDS = _setting(
+    "name_match_seconds", parse_seconds, 30.0,
+    "how long ranks whose threads made calls in different orders look for a common name",
+    _at_least("name_match_seconds", 0))
 
 # Read once by ringtrain.init().
 LOG_LEVEL: Variable[str | None] = _declare(Variable(
