@@ -10,9 +10,10 @@ the median over --repeats rounds of the mean per-call time, after a warm-up call
 with ringtrain, the copy and the baseline measured in turn within each round, so machine
 noise hits all alike. ``xcopy`` is GB/s over the copy ceiling's: a plain copy moving the
 same bytes (``np.copyto``; on the GPU a device-to-device copy). ``xbase`` is GB/s over the
-obvious way without ringtrain: numpy's ``astype``, ``np.add`` and a loop of slice
-assignments for pack and unpack (bfloat16, which numpy lacks, by integer ufuncs); on the
-GPU, CuPy's where CuPy imports ("-" where there is no baseline).
+obvious way without ringtrain: numpy's ``astype``, ``np.add`` (for bfloat16 arrays, the
+``ml_dtypes`` ufunc) and a loop of slice assignments for pack and unpack (the bfloat16
+casts, which numpy lacks, by integer ufuncs); on the GPU, CuPy's where CuPy imports ("-"
+where there is no baseline).
 
 pack and unpack move a set of 64 tensors of varied sizes (a few large, many small, as in a
 model) summing to the size, into and out of a fusion buffer; ``x0.5`` fuses a scale.
@@ -206,7 +207,8 @@ def host_cases(elements: int) -> list[tuple[str, Callable[[], Case]]]:
             ("unpack", lambda: unpack(1.0)), ("unpack x0.5", lambda: unpack(0.5)),
             ("encode fp16", encode_half), ("decode fp16", decode_half),
             ("encode bf16", encode_bfloat), ("decode bf16", decode_bfloat),
-            ("add float32", lambda: add(np.float32)), ("add float16", lambda: add(np.float16))]
+            ("add float32", lambda: add(np.float32)), ("add float16", lambda: add(np.float16)),
+            ("add bfloat16", lambda: add(kernels.BFLOAT16))]
 
 
 def host_copy(nbytes: int) -> Callable[[], Any]:

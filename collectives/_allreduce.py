@@ -43,9 +43,9 @@ def allreduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | N
             ``native`` or ``auto`` (default: the ``allreduce_algorithm`` setting).
         compression: ``Compression.fp16`` or ``Compression.bf16`` send float32 tensors
             as 16-bit floats (half the bytes; the result is float32 again, with the
-            16-bit format's precision); other dtypes travel as they are. Product is
-            refused with compression. The hierarchical algorithms compress only the
-            traffic between nodes.
+            16-bit format's precision); other dtypes travel as they are, but fp16
+            refuses bfloat16 tensors. Product is refused with compression. The
+            hierarchical algorithms compress only the traffic between nodes.
 
     Returns:
         A new array of ``tensor``'s shape and dtype, bit-identical on every rank.

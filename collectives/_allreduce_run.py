@@ -143,7 +143,7 @@ def reduce_grouped(grouped: GroupedCall, collective: str, name: str | None,
             unpack_scale = 1.0
         else:
             memory.reduce(group, grouped.chosen[dtype], memory.settled(buffer), buffer, op,
-                          reducer(op.value, dtype), finisher(divisor, 1.0),
+                          reducer(op.value, dtype), finisher(divisor, 1.0, dtype),
                           grouped.settings.segment_bytes, None, grouped.layout)
         if targets is None:
             for index, view in zip(members, fusion.views(buffer)):

@@ -11,6 +11,12 @@ object exposing ``__cuda_array_interface__``. :func:`device_tensor` describes on
 collective's result is a new tensor of the same kind on the same device (numba device
 arrays for objects of other kinds). torch and CuPy are never imported here: a tensor
 can only exist once the caller has imported its library.
+
+bfloat16 is numpy's ``ml_dtypes.bfloat16`` (``kernels.BFLOAT16``). numpy cannot hold a
+torch bfloat16 tensor and torch's ``__cuda_array_interface__`` refuses it, so both go
+through torch's int16 view of the same memory: a CPU tensor as a numpy int16 array seen
+as bfloat16, a CUDA tensor as :class:`TorchBfloat16Memory`. Other device arrays are
+bfloat16 when numpy maps their interface's typestr to it (``"bfloat16"``).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ..kernels.dtypes import BFLOAT16, BFLOAT16_TYPESTR
 from .errors import InvalidArgumentError, UnsupportedDtypeError, subject
 
 Restore = Callable[[Any], Any]
@@ -40,21 +47,43 @@ def is_cupy_array(value: Any) -> bool:
 
 
 def torch_view(tensor: Any, collective: str, name: str | None) -> np.ndarray:
-    """A numpy array over a torch CPU tensor's memory.
+    """A numpy array over a torch CPU tensor's memory (bfloat16 as ``ml_dtypes.bfloat16``).
 
     Raises:
         UnsupportedDtypeError: a tensor on a device other than the CPU or a CUDA GPU, or
-            of a dtype numpy lacks (bfloat16).
+            of a dtype neither numpy nor ringtrain has (complex32, float8, ...).
     """
     if tensor.device.type != "cpu":
         raise UnsupportedDtypeError(
             f"{subject(collective, name)}: the tensor is on {tensor.device}; the "
             f"collectives take CPU and CUDA tensors")
+    detached = tensor.detach()
+    torch = sys.modules["torch"]
+    if detached.dtype is torch.bfloat16:
+        return detached.view(torch.int16).numpy().view(BFLOAT16)
     try:
-        return tensor.detach().numpy()
+        return detached.numpy()
     except TypeError:
         raise UnsupportedDtypeError(
             f"{subject(collective, name)}: dtype {tensor.dtype} is not supported") from None
+
+
+class TorchBfloat16Memory:
+    """A torch bfloat16 CUDA tensor's memory as the kernels and MPI take it: torch's
+    ``__cuda_array_interface__`` refuses bfloat16, so this one is its int16 view's, with
+    the typestr ``bfloat16``.
+
+    Attributes:
+        tensor: the bfloat16 tensor (contiguous).
+    """
+
+    def __init__(self, tensor: Any):
+        self.tensor = tensor
+        self._bits = tensor.view(sys.modules["torch"].int16)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return dict(self._bits.__cuda_array_interface__, typestr=BFLOAT16_TYPESTR)
 
 
 @dataclass(frozen=True)
@@ -92,10 +121,14 @@ class DeviceTensor:
         return self.size * self.dtype.itemsize
 
     def new(self, shape: Sequence[int], dtype: Any = None) -> Any:
-        """A new uninitialised tensor of this kind on this device."""
+        """A new uninitialised tensor of this kind on this device (for torch bfloat16, its
+        :class:`TorchBfloat16Memory`: results pass through :func:`results_like`)."""
         dtype = self.dtype if dtype is None else np.dtype(dtype)
         if self.kind == "torch":
             torch = sys.modules["torch"]
+            if dtype == BFLOAT16:
+                return TorchBfloat16Memory(torch.empty(tuple(shape), dtype=torch.bfloat16,
+                                                       device=self.owner.device))
             torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
             return torch.empty(tuple(shape), dtype=torch_dtype, device=self.owner.device)
         if self.kind == "cupy":
@@ -117,7 +150,7 @@ def device_tensor(tensor: Any, collective: str, name: str | None,
     Raises:
         InvalidArgumentError: a non-contiguous device tensor that cannot be copied
             (in place, or of another kind).
-        UnsupportedDtypeError: a dtype numpy lacks (bfloat16 tensors).
+        UnsupportedDtypeError: a torch dtype neither numpy nor ringtrain has.
     """
     if isinstance(tensor, np.ndarray):
         return None
@@ -139,13 +172,18 @@ def _torch_tensor(tensor: Any, collective: str, name: str | None,
     if not memory.is_contiguous():
         _refuse_non_contiguous(in_place, collective, name)
         memory = memory.contiguous()
-    try:
-        typestr = memory.__cuda_array_interface__["typestr"]
-    except TypeError:
-        raise UnsupportedDtypeError(
-            f"{subject(collective, name)}: dtype {tensor.dtype} is not supported") from None
+    if memory.dtype is torch.bfloat16:
+        exposed, dtype = TorchBfloat16Memory(memory), BFLOAT16
+    else:
+        try:
+            exposed = memory
+            dtype = np.dtype(memory.__cuda_array_interface__["typestr"])
+        except TypeError:
+            raise UnsupportedDtypeError(
+                f"{subject(collective, name)}: dtype {tensor.dtype} is not supported"
+            ) from None
     stream = torch.cuda.current_stream(tensor.device)
-    return DeviceTensor(tensor, memory, "torch", tuple(memory.shape), np.dtype(typestr),
+    return DeviceTensor(tensor, exposed, "torch", tuple(memory.shape), dtype,
                         tensor.device.index, stream.synchronize)
 
 
@@ -209,7 +247,12 @@ def returns_itself(tensor: Any) -> Restore | None:
 
 def _as_torch(result: Any) -> Any:
     if isinstance(result, np.ndarray):
-        return sys.modules["torch"].from_numpy(result)
+        torch = sys.modules["torch"]
+        if result.dtype == BFLOAT16:
+            return torch.from_numpy(result.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(result)
+    if isinstance(result, TorchBfloat16Memory):
+        return result.tensor
     if isinstance(result, (list, tuple)):
         return type(result)(_as_torch(item) for item in result)
     return result

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels import Compressor
+from ..kernels import BFLOAT16, Compressor, is_floating
 from ._buffers import is_torch_tensor, torch_view
 from ._group import Group
 from ._ops import REDUCE_DTYPES, ReduceOp, check_dtype, check_op_for_dtype
@@ -64,7 +64,7 @@ def check_splittable(shape: tuple[int, ...], collective: str, name: str | None) 
 def check_scale_factors(dtype: np.dtype, prescale_factor: float, postscale_factor: float,
                         collective: str, name: str | None) -> None:
     """Scale factors other than 1 need a floating dtype (an integer result would be cut)."""
-    if dtype.kind != "f" and (prescale_factor != 1.0 or postscale_factor != 1.0):
+    if not is_floating(dtype) and (prescale_factor != 1.0 or postscale_factor != 1.0):
         raise InvalidArgumentError(
             f"{subject(collective, name)}: prescale_factor/postscale_factor "
             f"need a floating dtype, got {dtype}")
@@ -91,7 +91,15 @@ def active_compressor(compression: Compressor, dtype: np.dtype, op: ReduceOp,
                       collective: str, name: str | None) -> Compressor | None:
     """The compressor that will encode tensors of ``dtype``, or None when they travel as
     they are; a product of compressed values is refused (a scale would be raised to the
-    power of the number of ranks)."""
+    power of the number of ranks), and so is a float16 wire for bfloat16 tensors: they
+    already travel in 2 bytes, and float16 would narrow their range (``bf16``
+    compression of bfloat16 tensors changes nothing)."""
+    if np.dtype(dtype) == BFLOAT16 and compression.wire_dtype == np.float16:
+        raise UnsupportedDtypeError(
+            f"{subject(collective, name)}: {compression.name} compression casts float32 "
+            f"tensors to float16; this tensor is bfloat16, already 2 bytes and of wider "
+            f"range than float16: use Compression.none or Compression.bf16 (the same for "
+            f"bfloat16 tensors)")
     if not compression.applies_to(dtype):
         return None
     if op is ReduceOp.Product:

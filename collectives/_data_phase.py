@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from mpi4py import MPI
 import numpy as np
 
-from ..kernels import Compressor, reducer
+from ..kernels import Compressor, bits, divide_into, encoding_of, reducer, scale_into
 from ..kernels.reduction import Combine
 from . import _hierarchical, _native, _recursive_doubling, _ring
 from ._group import Group
@@ -22,24 +22,27 @@ from .config import current_settings
 @dataclass(frozen=True)
 class Finisher:
     """The in-place step that turns a sum into the result: divide by ``divisor`` (for
-    Average), then multiply by ``postscale_factor``. Calling it applies it to host values;
-    device memory applies the same two numbers on the GPU."""
+    Average), then multiply by ``postscale_factor``. Calling it applies it to host values
+    (bfloat16 ones, ``encoding``, also as their uint16 bits, as the data phase holds
+    them); device memory applies the same two numbers on the GPU."""
 
     divisor: int
     postscale_factor: float
+    encoding: str | None = None
 
     def __call__(self, values: np.ndarray) -> None:
         if self.divisor != 1:
-            np.divide(values, self.divisor, out=values)
+            divide_into(values, self.divisor, values, self.encoding)
         if self.postscale_factor != 1.0:
-            np.multiply(values, self.postscale_factor, out=values)
+            scale_into(values, self.postscale_factor, values, self.encoding)
 
 
-def finisher(divisor: int, postscale_factor: float) -> Finisher | None:
-    """The :class:`Finisher` for these numbers, or None when it would do nothing."""
+def finisher(divisor: int, postscale_factor: float, dtype: np.dtype) -> Finisher | None:
+    """The :class:`Finisher` for these numbers and values of ``dtype``, or None when it
+    would do nothing."""
     if divisor == 1 and postscale_factor == 1.0:
         return None
-    return Finisher(divisor, postscale_factor)
+    return Finisher(divisor, postscale_factor, encoding_of(dtype))
 
 
 def reduce_flat(group: Group, algorithm: str, source: np.ndarray, result: np.ndarray,
@@ -50,8 +53,13 @@ def reduce_flat(group: Group, algorithm: str, source: np.ndarray, result: np.nda
 
     ``combine`` reduces two ranks' values (see :func:`ringtrain.kernels.reducer`);
     ``encoding`` names a 16-bit float format stored as uint16; ``layout`` is the one
-    the call agreed on (the hierarchical algorithms need it).
+    the call agreed on (the hierarchical algorithms need it). bfloat16 arrays travel as
+    their bits (MPI has no bfloat16), so ``combine`` and ``finish`` must take those.
     """
+    encoding = encoding or encoding_of(source.dtype)
+    in_place = result is source
+    source = bits(source)
+    result = source if in_place else bits(result)
     if group.size == 1 or source.size == 0:
         if result is not source:
             result[:] = source

@@ -20,7 +20,7 @@ from typing import Any, ContextManager
 from mpi4py import MPI
 import numpy as np
 
-from ..kernels import device, divide_into, scale_into
+from ..kernels import BFLOAT16, device, divide_into, scale_into
 from ..kernels.reduction import Combine
 from . import _native
 from ._buffers import DeviceTensor
@@ -38,6 +38,8 @@ class MPIMemory:
     def __init__(self, array: Any, dtype: Any = None):
         address = device.address_of(array)
         dtype = device.dtype_of(array) if dtype is None else np.dtype(dtype)
+        if dtype == BFLOAT16:  # MPI has no bfloat16: its bits
+            dtype = np.dtype(np.uint16)
         nbytes = device.byte_view(array).size
         self.__cuda_array_interface__ = {
             "version": 3, "data": (address, False), "shape": (nbytes // dtype.itemsize,),

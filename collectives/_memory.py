@@ -16,6 +16,7 @@ from typing import Any, ContextManager
 
 import numpy as np
 
+from ..kernels import BFLOAT16, bits, scale_into
 from ..kernels.reduction import Combine
 from ._data_phase import Finisher, reduce_flat
 from ._group import Group
@@ -28,12 +29,17 @@ STAGED = "cuda (through host memory)"
 """The ``memory`` field of a device call's signature: ranks must agree on it."""
 
 
+MPI_CANNOT_REDUCE = (np.dtype(np.float16), BFLOAT16)
+"""dtypes MPI has no reduction of: ringtrain reduces them in host memory (with a
+user-defined MPI op on their bits for ``native``)."""
+
+
 def goes_direct(algorithm: str | None, setting: str, reduced: np.dtype | None = None) -> bool:
     """Whether device pointers go to MPI: a CUDA-aware MPI, MPI's own algorithm chosen
     (``auto`` means it on device memory) and, for a reduction, a dtype MPI reduces (not
-    float16: MPI has no 16-bit float type)."""
+    the 16-bit floats: MPI has no 16-bit float type)."""
     return world().cuda_aware.aware and (algorithm or setting) in ("auto", "native") and \
-        reduced != np.float16
+        reduced not in MPI_CANNOT_REDUCE
 
 
 class HostMemory:
@@ -66,7 +72,7 @@ class HostMemory:
         ready for MPI to read."""
         if factor == 1.0:
             return source
-        np.multiply(source, factor, out=target)
+        scale_into(source, factor, target)
         return target
 
     def settled(self, array: Any) -> Any:
@@ -86,8 +92,9 @@ class HostMemory:
         target[...] = source
 
     def for_mpi(self, array: Any, dtype: Any = None) -> Any:
-        """``array`` as MPI takes it, its bytes seen as ``dtype`` when given."""
-        return array if dtype is None else array.reshape(-1).view(dtype)
+        """``array`` as MPI takes it, its bytes seen as ``dtype`` when given (bfloat16,
+        which MPI lacks, as its uint16 bits)."""
+        return bits(array) if dtype is None else array.reshape(-1).view(dtype)
 
     def finish(self, values: Any, finish: Finisher | None) -> None:
         """Apply ``finish`` (divide, scale) to reduced ``values``."""

@@ -81,8 +81,10 @@ def alltoall(group: Group, send: Any, sent: Sequence[int], receive: Any,
 
 
 def reducescatter(group: Group, send: Any, receive: Any, counts: Sequence[int], op: ReduceOp,
-                  nbytes: int, **phase_args: Any) -> None:
+                  nbytes: int, encoding: str | None = None, **phase_args: Any) -> None:
     """``MPI_Reduce_scatter`` of ``send``: rank r receives the reduction of its
-    ``counts[r]`` elements."""
+    ``counts[r]`` elements; with ``encoding`` (bfloat16), of the 16-bit values whose
+    bits ``send`` and ``receive`` hold, by :func:`sixteen_bit_op`."""
+    mpi_op = sixteen_bit_op(op, encoding) if encoding else MPI_OPS[op]
     with phase("MPI reducescatter", bytes=nbytes, **phase_args):
-        group.comm.Reduce_scatter(send, receive, list(counts), MPI_OPS[op])
+        group.comm.Reduce_scatter(send, receive, list(counts), mpi_op)

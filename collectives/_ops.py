@@ -6,6 +6,7 @@ import enum
 
 import numpy as np
 
+from ..kernels import BFLOAT16
 from .errors import InvalidArgumentError, UnsupportedDtypeError, subject
 
 
@@ -31,8 +32,9 @@ Max = ReduceOp.Max
 Product = ReduceOp.Product
 
 REDUCE_DTYPES = tuple(np.dtype(t) for t in (
-    np.float16, np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32, np.int64))
-"""dtypes every reducing collective accepts."""
+    np.float16, BFLOAT16, np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32,
+    np.int64))
+"""dtypes every reducing collective accepts (bfloat16 is ``ml_dtypes.bfloat16``)."""
 
 COPY_DTYPES = REDUCE_DTYPES + (np.dtype(np.bool_),)
 """dtypes the collectives that only move data (broadcast, allgather, alltoall) accept."""

@@ -79,7 +79,8 @@ class AllreducePlan:
                          **layout_field(self.layout, self.algorithm),
                          **memory_field(self.memory))
         self.finish: Finisher | None = finisher(
-            self.group.size if self.op is ReduceOp.Average else 1, postscale_factor)
+            self.group.size if self.op is ReduceOp.Average else 1, postscale_factor,
+            array.dtype)
         self.combine = reducer(self.op.value, wire_dtype,
                                self.compressor.encoding if self.compressor else None)
         self.wire = np.empty(array.size, wire_dtype) \

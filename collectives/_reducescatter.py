@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels import reducer
+from ..kernels import encoding_of, reducer
 from . import _native, _ring
 from ._agreement import Call, agree
 from ._buffers import device_tensor, results_like
@@ -88,7 +88,8 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
     rows = _ring.chunk_bounds(array.shape[0], group.size)
     bounds = [r * row for r in rows]
     counts = [bounds[r + 1] - bounds[r] for r in range(group.size)]
-    finish = finisher(group.size if op is ReduceOp.Average else 1, postscale_factor)
+    finish = finisher(group.size if op is ReduceOp.Average else 1, postscale_factor,
+                      array.dtype)
     combine = reducer(op.value, array.dtype)
     nbytes = array.size * array.dtype.itemsize
 
@@ -103,14 +104,15 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
                                         *array.shape[1:]))
             result = output.reshape(-1) if memory is HOST else output
             if chosen == "ring" and group.size > 1:
-                _ring.reduce_scatter(group, start, result, bounds, combine, finish,
-                                     settings.segment_bytes)
+                _ring.reduce_scatter(group, memory.for_mpi(start), memory.for_mpi(result),
+                                     bounds, combine, finish, settings.segment_bytes)
                 return output
             if group.size == 1:
                 memory.copy(start, result)
             elif nbytes:
                 _native.reducescatter(group, memory.for_mpi(start), memory.for_mpi(result),
-                                      counts, op, nbytes, **memory.phase_args)
+                                      counts, op, nbytes, encoding_of(array.dtype),
+                                      **memory.phase_args)
             memory.finish(output, finish)
             return output
 

@@ -11,14 +11,15 @@ from .compression import (BF16Compressor, Compression, CompressionContext, Compr
 from .dispatch import (abs_max, decode_bfloat, decode_half, divide_into, empty_like,
                        encode_bfloat, encode_half, pack, reduce_into, scale_into, twin_for,
                        unpack, zeros_like)
+from .dtypes import BFLOAT16, bits, encoding_of, is_floating
 from .host import OP_CODES, host_threads, set_host_threads
 from .layout import FusionLayout
 from .reduction import reducer
 
 __all__ = [
-    "BF16Compressor", "Compression", "CompressionContext", "Compressor", "FP16Compressor",
-    "FusionLayout", "NoneCompressor", "OP_CODES", "abs_max", "decode_bfloat", "decode_half",
-    "divide_into", "empty_like", "encode_bfloat", "encode_half", "host_threads", "pack",
-    "reduce_into", "reducer", "scale_into", "set_host_threads", "twin_for", "unpack",
-    "zeros_like",
+    "BFLOAT16", "BF16Compressor", "Compression", "CompressionContext", "Compressor",
+    "FP16Compressor", "FusionLayout", "NoneCompressor", "OP_CODES", "abs_max", "bits",
+    "decode_bfloat", "decode_half", "divide_into", "empty_like", "encode_bfloat",
+    "encode_half", "encoding_of", "host_threads", "is_floating", "pack", "reduce_into",
+    "reducer", "scale_into", "set_host_threads", "twin_for", "unpack", "zeros_like",
 ]

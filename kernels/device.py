@@ -20,6 +20,11 @@ CPU: loads and stores through raw addresses read host memory there, launches use
 threads, and the arrays are the simulator's; objects exposing ``__cuda_array_interface__``
 count as device arrays too (their memory is host memory, as the simulated device's is).
 
+bfloat16 device memory is any array whose interface's typestr numpy maps to bfloat16
+(``"bfloat16"``), or the simulator's arrays over bfloat16 host memory; the kernels see
+its 16 bits as uint16, and new bfloat16 arrays are :class:`BfloatDeviceArray` (numba has
+no bfloat16 type).
+
 Besides the kernels, the few device-memory operations the collectives need live here:
 allocation, pinned host buffers, copies (:class:`CopyEngine` for asynchronous ones),
 stream waits and the current device.
@@ -38,6 +43,7 @@ import numpy as np
 from numba import cuda
 
 from . import float_bits
+from .dtypes import BFLOAT16, BFLOAT16_ENCODING, BFLOAT16_TYPESTR, encoding_of
 from .layout import FusionLayout
 
 SIMULATED = "simulator" in cuda.to_device.__module__
@@ -171,6 +177,36 @@ def _decoder(from_bits: Callable) -> Callable:
     return _kernel(decode)
 
 
+@_device_function
+def _scaled_bfloat(bits, factor):
+    """bfloat16 ``bits`` times float32 ``factor``: computed in float32, rounded once."""
+    x = np.uint32(_float_from_bfloat(bits)).view(np.float32)
+    return np.uint16(_bfloat_from_float(np.float32(x * factor).view(np.uint32)))
+
+
+@_kernel
+def _pack_bfloat_kernel(tasks, offsets, addresses, buffer, scale):
+    for task in range(cuda.blockIdx.x, tasks.shape[0], cuda.gridDim.x):
+        tensor, start, count = tasks[task, 0], tasks[task, 1], tasks[task, 2]
+        if tensor < 0:
+            for i in range(cuda.threadIdx.x, count, cuda.blockDim.x):
+                buffer[start + i] = 0
+        else:
+            address, base = addresses[tensor], offsets[tensor] + start
+            for i in range(cuda.threadIdx.x, count, cuda.blockDim.x):
+                buffer[base + i] = _scaled_bfloat(load(address, start + i, buffer), scale)
+
+
+@_kernel
+def _unpack_bfloat_kernel(tasks, offsets, addresses, buffer, scale):
+    for task in range(cuda.blockIdx.x, tasks.shape[0], cuda.gridDim.x):
+        tensor, start, count = tasks[task, 0], tasks[task, 1], tasks[task, 2]
+        if tensor >= 0:
+            address, base = addresses[tensor], offsets[tensor] + start
+            for i in range(cuda.threadIdx.x, count, cuda.blockDim.x):
+                store(address, start + i, _scaled_bfloat(buffer[base + i], scale))
+
+
 def _reducer_16(to_bits: Callable, from_bits: Callable) -> Callable:
     def reduce(a, b, out, op):
         for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
@@ -223,6 +259,19 @@ def _divide_kernel(a, divisor, out):
 
 
 @_kernel
+def _scale_bfloat_kernel(a, factor, out):
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = _scaled_bfloat(a[i], factor)
+
+
+@_kernel
+def _divide_bfloat_kernel(a, divisor, out):
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        x = np.uint32(_float_from_bfloat(a[i])).view(np.float32)
+        out[i] = _bfloat_from_float(np.float32(x / divisor).view(np.uint32))
+
+
+@_kernel
 def _abs_max_kernel(values, largest, nonfinite):
     # Any value already in ``largest`` is a lower bound of the answer, and has its type.
     local = largest[0]
@@ -236,6 +285,88 @@ def _abs_max_kernel(values, largest, nonfinite):
     cuda.atomic.max(largest, 0, local)
     if count:
         cuda.atomic.add(nonfinite, 0, count)
+
+
+class BfloatDeviceArray:
+    """A bfloat16 array in device memory, C-contiguous: a uint16 device array of its bits
+    (numba has no bfloat16 type) whose ``__cuda_array_interface__`` says ``bfloat16``.
+
+    The collectives return these for bfloat16 results of device arrays other than torch
+    tensors; ``bits`` is the numba array, ``copy_to_host()`` gives a bfloat16 numpy array.
+    """
+
+    dtype = BFLOAT16
+
+    def __init__(self, bits: Any):
+        self.bits = bits
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The array's shape."""
+        return tuple(self.bits.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Number of bytes."""
+        return 2 * self.size
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        if SIMULATED:
+            face = {"version": 3, "data": (_address(self.bits), False), "shape": self.shape,
+                    "strides": None, "stream": None}
+        else:
+            face = dict(self.bits.__cuda_array_interface__)
+        face["typestr"] = BFLOAT16_TYPESTR
+        return face
+
+    def __getitem__(self, key: Any) -> BfloatDeviceArray:
+        return BfloatDeviceArray(self.bits[key])
+
+    def reshape(self, *shape: Any) -> BfloatDeviceArray:
+        """The same memory in another shape."""
+        return BfloatDeviceArray(self.bits.reshape(*shape))
+
+    def copy_to_host(self, ary: np.ndarray | None = None, stream: Any = 0) -> np.ndarray:
+        """A bfloat16 numpy copy (into ``ary`` when given)."""
+        if ary is None:
+            return self.bits.copy_to_host(stream=stream).view(BFLOAT16)
+        self.bits.copy_to_host(ary.view(np.uint16), stream=stream)
+        return ary
+
+    def copy_to_device(self, ary: np.ndarray, stream: Any = 0) -> None:
+        """Overwrite this array with bfloat16 numpy array ``ary`` (same shape)."""
+        self.bits.copy_to_device(np.ascontiguousarray(ary).view(np.uint16), stream=stream)
+
+    def __repr__(self) -> str:
+        return f"BfloatDeviceArray(shape={self.shape})"
+
+
+def _storage(dtype: np.dtype) -> np.dtype:
+    """What a new device array of ``dtype`` is made of: bfloat16 as its uint16 bits."""
+    return np.dtype(np.uint16) if dtype == BFLOAT16 else dtype
+
+
+def _typed(array: Any, dtype: np.dtype) -> Any:
+    """A new device array made of :func:`_storage` ``(dtype)``, seen as ``dtype``."""
+    return BfloatDeviceArray(array) if dtype == BFLOAT16 else array
+
+
+class _BitsInterface:
+    """bfloat16 device memory described as uint16, for numba."""
+
+    def __init__(self, face: dict):
+        self.__cuda_array_interface__ = dict(face, typestr=np.dtype(np.uint16).str)
 
 
 def is_device_array(array: Any) -> bool:
@@ -309,16 +440,24 @@ def _c_strides(shape: Sequence[int], typestr: str) -> tuple[int, ...]:
 
 
 def _array(array: Any) -> Any:
-    """``array`` as a 1-D numba device array over the same memory (no copy, no sync)."""
+    """``array`` as a 1-D numba device array over the same memory (no copy, no sync);
+    bfloat16 memory as its uint16 bits."""
     _check_contiguous(array)
-    if SIMULATED:
+    if isinstance(array, BfloatDeviceArray):
+        kernel_array = array.bits
+    elif SIMULATED:
         kernel_array = array if _is_simulator_array(array) else _simulated_view(array)
     elif not cuda.is_cuda_array(array):
         raise ValueError(f"not a device array: {type(array).__name__}")
     elif cuda.devicearray.is_cuda_ndarray(array):
         kernel_array = array
     else:
+        face = _interface(array)
+        if np.dtype(face["typestr"]) == BFLOAT16:
+            array = _BitsInterface(face)
         kernel_array = cuda.as_cuda_array(array, sync=False)
+    if kernel_array.dtype == BFLOAT16:  # the simulator's arrays over bfloat16 host memory
+        kernel_array = kernel_array.view(np.uint16)
     return kernel_array.reshape(kernel_array.size) if kernel_array.ndim != 1 else kernel_array
 
 
@@ -363,24 +502,34 @@ def _check_fits(layout: FusionLayout, tensors: Sequence[Any], buffer: Any) -> No
 def pack(layout: FusionLayout, tensors: Sequence[Any], buffer: Any,
          scale: float = 1.0) -> None:
     """Device twin of :func:`ringtrain.kernels.host.pack`: one launch for all tensors."""
-    _run_tasks(_pack_kernel, layout, tensors, buffer, scale)
+    _run_tasks((_pack_kernel, _pack_bfloat_kernel), layout, tensors, buffer, scale)
 
 
 def unpack(layout: FusionLayout, buffer: Any, tensors: Sequence[Any],
            scale: float = 1.0) -> None:
     """Device twin of :func:`ringtrain.kernels.host.unpack`: one launch for all tensors."""
-    _run_tasks(_unpack_kernel, layout, tensors, buffer, scale)
+    _run_tasks((_unpack_kernel, _unpack_bfloat_kernel), layout, tensors, buffer, scale)
 
 
-def _run_tasks(kernel: Callable, layout: FusionLayout, tensors: Sequence[Any], buffer: Any,
-               scale: float) -> None:
+def _run_tasks(kernels: tuple[Callable, Callable], layout: FusionLayout,
+               tensors: Sequence[Any], buffer: Any, scale: float) -> None:
+    """Run the task kernel of ``kernels`` (plain, bfloat16 with a scale) for the layout."""
     _check_fits(layout, tensors, buffer)
     stream = _stream(buffer)
     flat = _array(buffer)
     tasks, offsets, addresses = _tables(layout, tensors, stream)
-    if len(layout.tasks):
-        _launch(kernel, len(layout.tasks) * THREADS_PER_BLOCK, stream, tasks, offsets,
-                addresses, flat, _scalar(scale, layout.dtype), scale != 1.0)
+    if not len(layout.tasks):
+        return
+    blocks = len(layout.tasks) * THREADS_PER_BLOCK
+    if layout.dtype != BFLOAT16:
+        _launch(kernels[0], blocks, stream, tasks, offsets, addresses, flat,
+                _scalar(scale, layout.dtype), scale != 1.0)
+    elif scale == 1.0:  # the bits are copied as they are
+        _launch(kernels[0], blocks, stream, tasks, offsets, addresses, flat, np.uint16(1),
+                False)
+    else:
+        _launch(kernels[1], blocks, stream, tasks, offsets, addresses, flat,
+                _float32_scale(scale))
 
 
 def _scalar(value: float, dtype: np.dtype) -> Any:
@@ -459,15 +608,22 @@ def _decode_16(kernel: Callable, wire: Any, out: Any, scale: float) -> None:
     _launch(kernel, flat.size, stream, bits, flat, _float32_scale(scale))
 
 
+def _encoding(encoding: str | None, out: Any) -> str | None:
+    """The format of ``out``'s elements: ``encoding`` if given, else its dtype's."""
+    if encoding is None:
+        return encoding_of(_described(out).dtype)
+    if encoding != BFLOAT16_ENCODING:
+        raise ValueError(f"unknown encoding {encoding!r}")
+    return encoding
+
+
 def reduce_into(op: str, a: Any, b: Any, out: Any, encoding: str | None = None) -> None:
     """Device twin of :func:`ringtrain.kernels.host.reduce_into`."""
     stream = _stream(out)
     code = OP_CODES[op]
     flat = _array(out)
-    if encoding == "bfloat16":
+    if _encoding(encoding, out) == BFLOAT16_ENCODING:
         kernel, dtype = _reduce_bfloat, np.dtype(np.uint16)
-    elif encoding is not None:
-        raise ValueError(f"unknown encoding {encoding!r}")
     elif flat.dtype == np.float16:
         kernel, dtype = _reduce_half, np.dtype(np.float16)
     else:
@@ -483,7 +639,7 @@ def reduce_into(op: str, a: Any, b: Any, out: Any, encoding: str | None = None) 
         _launch(kernel, flat.size, stream, _bits(a), _bits(b), _bits(out), code)
 
 
-def scale_into(a: Any, factor: float, out: Any) -> None:
+def scale_into(a: Any, factor: float, out: Any, encoding: str | None = None) -> None:
     """Device twin of :func:`ringtrain.kernels.host.scale_into`."""
     stream = _stream(out)
     flat_a, flat_out = _array(a), _array(out)
@@ -491,14 +647,23 @@ def scale_into(a: Any, factor: float, out: Any) -> None:
         if _address(a) != _address(out):
             flat_out.copy_to_device(flat_a, stream=stream)
         return
+    if _encoding(encoding, out) == BFLOAT16_ENCODING:
+        _check_sizes(flat_a, flat_out)
+        _launch(_scale_bfloat_kernel, flat_out.size, stream, _bits(a),
+                _float32_scale(factor), _bits(out))
+        return
     _launch(_scale_kernel, flat_out.size, stream, flat_a, _scalar(factor, flat_out.dtype),
             flat_out)
 
 
-def divide_into(a: Any, divisor: int, out: Any) -> None:
+def divide_into(a: Any, divisor: int, out: Any, encoding: str | None = None) -> None:
     """Device twin of :func:`ringtrain.kernels.host.divide_into`."""
     flat_a, flat_out = _array(a), _array(out)
     _check_sizes(flat_a, flat_out)
+    if _encoding(encoding, out) == BFLOAT16_ENCODING:
+        _launch(_divide_bfloat_kernel, flat_out.size, _stream(out), _bits(a),
+                np.float32(divisor), _bits(out))
+        return
     _launch(_divide_kernel, flat_out.size, _stream(out), flat_a,
             _scalar(float(divisor), flat_out.dtype), flat_out)
 
@@ -540,23 +705,27 @@ def synchronize(array: Any) -> None:
 
 def empty_like(array: Any, dtype: Any) -> Any:
     """A new uninitialised device array of ``array``'s shape and the given dtype."""
-    return cuda.device_array(_described(array).shape, np.dtype(dtype), stream=_stream(array))
+    dtype = np.dtype(dtype)
+    return _typed(cuda.device_array(tuple(_described(array).shape), _storage(dtype),
+                                    stream=_stream(array)), dtype)
 
 
 def zeros(like: Any, shape: Sequence[int], dtype: Any) -> Any:
     """A new zeroed device array of ``shape`` and ``dtype``, on ``like``'s stream (the
     default stream when ``like`` is None); ready when this returns."""
+    dtype = np.dtype(dtype)
     stream = cuda.default_stream() if like is None else _stream(like)
-    array = cuda.to_device(np.zeros(tuple(shape), np.dtype(dtype)), stream=stream)
+    array = cuda.to_device(np.zeros(tuple(shape), _storage(dtype)), stream=stream)
     stream.synchronize()
-    return array
+    return _typed(array, dtype)
 
 
 def zeros_like(array: Any) -> Any:
     """A new zeroed device array of ``array``'s shape and dtype."""
     described = _described(array)
-    return cuda.to_device(np.zeros(tuple(described.shape), described.dtype),
-                          stream=_stream(array))
+    dtype = np.dtype(described.dtype)
+    return _typed(cuda.to_device(np.zeros(tuple(described.shape), _storage(dtype)),
+                                 stream=_stream(array)), dtype)
 
 
 def dtype_of(array: Any) -> np.dtype:
@@ -573,7 +742,8 @@ def byte_view(array: Any) -> Any:
 
 def empty(shape: Sequence[int], dtype: Any) -> Any:
     """A new uninitialised device array on the current device."""
-    return cuda.device_array(tuple(shape), np.dtype(dtype))
+    dtype = np.dtype(dtype)
+    return _typed(cuda.device_array(tuple(shape), _storage(dtype)), dtype)
 
 
 def pinned_bytes(nbytes: int) -> np.ndarray:

@@ -68,14 +68,14 @@ def reduce_into(op: str, a: Any, b: Any, out: Any, encoding: str | None = None) 
     twin_for(out).reduce_into(op, a, b, out, encoding)
 
 
-def scale_into(a: Any, factor: float, out: Any) -> None:
-    """``out = a * factor``."""
-    twin_for(out).scale_into(a, factor, out)
+def scale_into(a: Any, factor: float, out: Any, encoding: str | None = None) -> None:
+    """``out = a * factor``; bfloat16 computed in float32."""
+    twin_for(out).scale_into(a, factor, out, encoding)
 
 
-def divide_into(a: Any, divisor: int, out: Any) -> None:
-    """``out = a / divisor``, correctly rounded."""
-    twin_for(out).divide_into(a, divisor, out)
+def divide_into(a: Any, divisor: int, out: Any, encoding: str | None = None) -> None:
+    """``out = a / divisor``, correctly rounded; bfloat16 computed in float32."""
+    twin_for(out).divide_into(a, divisor, out, encoding)
 
 
 def abs_max(values: Any) -> tuple[float, bool]:

@@ -19,6 +19,7 @@ import numba
 import numpy as np
 
 from . import float_bits
+from .dtypes import BFLOAT16, BFLOAT16_ENCODING, encoding_of, is_floating
 from .layout import FusionLayout
 
 PARALLEL_MIN_ELEMENTS = 1 << 17
@@ -59,6 +60,20 @@ def _jit(function: Callable) -> Callable:
 _half_from_float = _jit(float_bits.half_bits_from_float_bits)
 _float_from_half = _jit(float_bits.float_bits_from_half_bits)
 _bfloat_from_float = _jit(float_bits.bfloat_bits_from_float_bits)
+
+
+def _bfloat_bits_from_arithmetic(bits):
+    """bfloat16 bits nearest to a float32 (ties to even) that CPU arithmetic made from
+    bfloat16 values (and a finite float32 factor). Such a float32 is NaN only with a zero
+    low half (an operand's NaN, quieted, or the default NaN 0x7FC00000), which rounding
+    keeps NaN, with the bits :func:`float_bits.bfloat_bits_from_float_bits` gives: the
+    encoder's NaN case, whose branch halves the speed of the loops, is not needed. (A GPU's
+    canonical NaN, 0x7FFFFFFF, does need it: the device twins keep it.)"""
+    f = np.int64(bits) & 0xFFFFFFFF
+    return np.uint16((f + 0x7FFF + ((f >> 16) & 1)) >> 16)
+
+
+_bfloat_from_arithmetic = _jit(_bfloat_bits_from_arithmetic)
 _float_from_bfloat = _jit(float_bits.float_bits_from_bfloat_bits)
 
 
@@ -160,13 +175,48 @@ def _reduce_loops(combine: Callable, name: str) -> tuple[_SizedLoop, _SizedLoop]
     return _SizedLoop(reduce), _SizedLoop(reduce_in_place)
 
 
+def _bfloat_loops(step: Callable, name: str) -> tuple[_SizedLoop, _SizedLoop]:
+    """Loops for ``out = step(a, factor)`` on bfloat16 bits, computed in float32 and
+    rounded once: into ``out``, and in place (as :func:`_reduce_loops`)."""
+    operation = numba.njit(cache=True, nogil=True, inline="always")(step)
+
+    def apply(x_bits, factor):
+        x = np.uint32(_float_from_bfloat(x_bits)).view(np.float32)
+        return _bfloat_from_arithmetic(np.float32(operation(x, factor)).view(np.uint32))
+
+    apply.__qualname__ = f"{name}_bfloat"
+    element = numba.njit(cache=True, nogil=True, inline="always")(apply)
+
+    def loop(a, factor, out):
+        for i in numba.prange(out.size):
+            out[i] = element(a[i], factor)
+
+    def loop_in_place(target, factor):
+        for i in numba.prange(target.size):
+            target[i] = element(target[i], factor)
+
+    loop.__qualname__ = f"{name}_bfloat_loop"
+    loop_in_place.__qualname__ = f"{name}_bfloat_in_place"
+    return _SizedLoop(loop), _SizedLoop(loop_in_place)
+
+
+def _times(x, factor):
+    return x * factor
+
+
+def _over(x, divisor):
+    return x / divisor
+
+
 _encode_half, _encode_half_feedback = _encoder(_half_from_float, _float_from_half, "half")
 _encode_bfloat, _encode_bfloat_feedback = _encoder(_bfloat_from_float, _float_from_bfloat,
                                                    "bfloat")
 _decode_half = _decoder(_float_from_half, "half")
 _decode_bfloat = _decoder(_float_from_bfloat, "bfloat")
 _reduce_half = _reducer(_half_from_float, _float_from_half, "half")
-_reduce_bfloat = _reducer(_bfloat_from_float, _float_from_bfloat, "bfloat")
+_reduce_bfloat = _reducer(_bfloat_from_arithmetic, _float_from_bfloat, "bfloat")
+_scale_bfloat = _bfloat_loops(_times, "scale")
+_divide_bfloat = _bfloat_loops(_over, "divide")
 
 
 def _abs_max_loop(bits, sign_clear, infinity, zero):
@@ -193,7 +243,7 @@ def _scale_as_float32(scale: float) -> np.float32:
 
 
 def _check_scalable(dtype: np.dtype, scale: float) -> None:
-    if scale != 1.0 and dtype.kind != "f":
+    if scale != 1.0 and not is_floating(dtype):
         raise ValueError(f"a scale needs a floating dtype, got {dtype}")
 
 
@@ -225,7 +275,7 @@ def pack(layout: FusionLayout, tensors: Sequence[np.ndarray], buffer: np.ndarray
         if scale == 1.0:
             np.copyto(view, tensor)
         else:
-            np.multiply(tensor, scale, out=view, casting="unsafe")
+            _scaled_copy(tensor, scale, view)
     for start, stop in layout.padding:
         buffer[start:stop] = 0
 
@@ -246,7 +296,19 @@ def unpack(layout: FusionLayout, buffer: np.ndarray, tensors: Sequence[np.ndarra
         if scale == 1.0:
             np.copyto(tensor, view)
         else:
-            np.multiply(view, scale, out=tensor, casting="unsafe")
+            _scaled_copy(view, scale, tensor)
+
+
+def _scaled_copy(source: np.ndarray, scale: float, target: np.ndarray) -> None:
+    """``target[...] = source * scale`` for arrays of one shape and dtype, any strides."""
+    if target.dtype != BFLOAT16:
+        np.multiply(source, scale, out=target, casting="unsafe")
+    elif source.flags.c_contiguous and target.flags.c_contiguous:
+        scale_into(source, scale, target)
+    else:  # the bfloat16 loops take contiguous arrays
+        scaled = np.empty(source.shape, BFLOAT16)
+        scale_into(np.ascontiguousarray(source), scale, scaled)
+        np.copyto(target, scaled)
 
 
 def encode_half(source: np.ndarray, wire: np.ndarray, scale: float = 1.0,
@@ -319,54 +381,108 @@ def reduce_into(op: str, a: np.ndarray, b: np.ndarray, out: np.ndarray,
         op: a key of :data:`OP_CODES` (``average`` sums).
         a, b: operands of ``out``'s size and dtype.
         out: destination.
-        encoding: ``"bfloat16"`` when uint16 arrays hold bfloat16 bits; None otherwise.
-            float16 and bfloat16 are computed in float32 and rounded once per element.
+        encoding: ``"bfloat16"`` when uint16 arrays hold bfloat16 bits; None otherwise
+            (bfloat16 arrays need none). float16 and bfloat16 are computed in float32 and
+            rounded once per element.
     """
-    if encoding == "bfloat16":
-        loops, dtype = _reduce_bfloat, np.dtype(np.uint16)
-    elif encoding is not None:
-        raise ValueError(f"unknown encoding {encoding!r}")
+    encoding = _encoding(encoding, out)
+    if encoding == BFLOAT16_ENCODING:
+        loops, dtypes = _reduce_bfloat, _BFLOAT16_STORAGE
     elif out.dtype == np.float16:
-        loops, dtype = _reduce_half, np.dtype(np.float16)
+        loops, dtypes = _reduce_half, (np.dtype(np.float16),)
     else:
         NUMPY_REDUCTIONS[op](a, b, out=out)
         return
     for name, array in (("a", a), ("b", b), ("out", out)):
-        if array.dtype != dtype or array.size != out.size:
-            raise ValueError(f"{name} must hold {out.size} {dtype}, got {array.size} "
+        if array.dtype not in dtypes or array.size != out.size:
+            raise ValueError(f"{name} must hold {out.size} {dtypes[0]}, got {array.size} "
                              f"{array.dtype}")
     loop, in_place = loops[OP_CODES[op]]
-    target, first, second = (_flat(x).view(np.uint16) for x in (out, a, b))
-    if first.__array_interface__["data"] == target.__array_interface__["data"]:
-        in_place(out.size, target, second)
+    if _same_start(out, a):
+        in_place(out.size, _flat(out).view(np.uint16), _flat(b).view(np.uint16))
     else:
-        loop(out.size, first, second, target)
+        loop(out.size, _flat(a).view(np.uint16), _flat(b).view(np.uint16),
+             _flat(out).view(np.uint16))
 
 
-def scale_into(a: np.ndarray, factor: float, out: np.ndarray) -> None:
+def scale_into(a: np.ndarray, factor: float, out: np.ndarray,
+               encoding: str | None = None) -> None:
     """``out = a * factor`` in ``out``'s dtype; a plain copy (or nothing) when factor is 1.
 
     Args:
         a: source, of ``out``'s shape.
         factor: the scale.
         out: destination; may be ``a``.
+        encoding: ``"bfloat16"`` when uint16 arrays hold bfloat16 bits. bfloat16 is
+            multiplied in float32 (by the factor rounded to float32) and rounded once.
     """
     if factor == 1.0:
         if out is not a:
             np.copyto(out, a)
         return
+    if _encoding(encoding, out) == BFLOAT16_ENCODING:
+        _bfloat_step(_scale_bfloat, a, _scale_as_float32(factor), out)
+        return
     np.multiply(a, factor, out=out, casting="unsafe")
 
 
-def divide_into(a: np.ndarray, divisor: int, out: np.ndarray) -> None:
+def divide_into(a: np.ndarray, divisor: int, out: np.ndarray,
+                encoding: str | None = None) -> None:
     """``out = a / divisor`` (correctly rounded, as an Average's last step needs).
 
     Args:
         a: source, floating, of ``out``'s shape.
         divisor: a positive integer (the number of ranks).
         out: destination; may be ``a``.
+        encoding: ``"bfloat16"`` when uint16 arrays hold bfloat16 bits. bfloat16 is
+            divided in float32 and rounded once (correctly rounded: float32 holds more
+            than twice bfloat16's significant bits, for divisors up to 256).
     """
+    if _encoding(encoding, out) == BFLOAT16_ENCODING:
+        _bfloat_step(_divide_bfloat, a, np.float32(divisor), out)
+        return
     np.divide(a, divisor, out=out)
+
+
+def _same_start(out: np.ndarray, a: np.ndarray) -> bool:
+    """Whether ``out`` is ``a`` (or, for arrays long enough for it to matter, starts where
+    it does): the in-place loops vectorise where the others, whose output may overlap an
+    input elsewhere, do not; both are correct either way."""
+    if out is a:
+        return True
+    return out.size >= _ALIAS_CHECK_ELEMENTS and \
+        out.__array_interface__["data"][0] == a.__array_interface__["data"][0]
+
+
+_ALIAS_CHECK_ELEMENTS = 1024
+"""Below this many elements the faster loop saves less than the check costs (~2 µs)."""
+
+_BFLOAT16_STORAGE = (np.dtype(np.uint16), BFLOAT16)
+"""What may hold bfloat16 bits: uint16 arrays (with ``encoding="bfloat16"``) and
+bfloat16 arrays."""
+
+
+def _encoding(encoding: str | None, out: np.ndarray) -> str | None:
+    """The format of ``out``'s elements: ``encoding`` if given, else its dtype's."""
+    if encoding is None:
+        return encoding_of(out.dtype)
+    if encoding != BFLOAT16_ENCODING:
+        raise ValueError(f"unknown encoding {encoding!r}")
+    return encoding
+
+
+def _bfloat_step(loops: tuple[_SizedLoop, _SizedLoop], a: np.ndarray, operand: np.float32,
+                 out: np.ndarray) -> None:
+    """Run a bfloat16 loop of :func:`_bfloat_loops` from ``a`` into ``out`` (may be ``a``)."""
+    for name, array in (("a", a), ("out", out)):
+        if array.dtype not in _BFLOAT16_STORAGE or array.size != out.size:
+            raise ValueError(f"{name} must hold {out.size} bfloat16, got {array.size} "
+                             f"{array.dtype}")
+    loop, in_place = loops
+    if _same_start(out, a):
+        in_place(out.size, _flat(out).view(np.uint16), operand)
+    else:
+        loop(out.size, _flat(a).view(np.uint16), operand, _flat(out).view(np.uint16))
 
 
 def abs_max(values: np.ndarray) -> tuple[float, bool]:

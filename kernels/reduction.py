@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from . import host
+from .dtypes import encoding_of
 
 # A float sum or product that overflows gives inf (and inf - inf gives NaN), as MPI's
 # own reductions do; numpy would also warn, from inside ringtrain's code, where the
@@ -31,12 +32,15 @@ def reducer(op: str, dtype: Any, encoding: str | None = None) -> Combine:
     Args:
         op: ``sum``, ``average`` (sums; the caller divides), ``min``, ``max``, ``product``.
         dtype: the arrays' dtype.
-        encoding: ``"bfloat16"`` when uint16 arrays hold bfloat16 bits.
+        encoding: ``"bfloat16"`` when uint16 arrays hold bfloat16 bits (implied by a
+            bfloat16 ``dtype``).
 
     Returns:
         numpy's ufunc for native dtypes (already at memory speed); for float16 and
-        bfloat16 a compiled loop that computes in float32 and rounds once.
+        bfloat16 a compiled loop that computes in float32 and rounds once. A bfloat16
+        one takes bfloat16 arrays and their uint16 views alike.
     """
+    encoding = encoding or encoding_of(dtype)
     if encoding is None and np.dtype(dtype) != np.float16:
         return host.NUMPY_REDUCTIONS[op]
 

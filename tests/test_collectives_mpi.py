@@ -14,7 +14,7 @@ import pytest
 from mpi_launch import PROGRAMS as PROGRAM_DIR, run_mpi
 
 PROGRAMS = ["allreduce", "broadcast", "gather_scatter", "mismatch", "process_sets", "lifecycle",
-            "compression", "join", "threads"]
+            "compression", "join", "threads", "bfloat16"]
 NPROCS = [1, 2, 3, 4]
 TIMEOUT = 180
 

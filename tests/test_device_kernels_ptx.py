@@ -59,6 +59,11 @@ for encode, feedback, decode, reduce in (
     signatures.append((decode, (array(np.uint16), array(np.float32), types.float32)))
 signatures.append((device._reduce_half, (array(np.float16),) * 3 + (types.int64,)))
 signatures.append((device._reduce_bfloat, (array(np.uint16),) * 3 + (types.int64,)))
+for kernel in (device._pack_bfloat_kernel, device._unpack_bfloat_kernel):
+    signatures.append((kernel, (array(np.int64, 2), array(np.int64), array(np.int64),
+                                array(np.uint16), types.float32)))
+for kernel in (device._scale_bfloat_kernel, device._divide_bfloat_kernel):
+    signatures.append((kernel, (array(np.uint16), types.float32, array(np.uint16))))
 
 failures = []
 for kernel, signature in signatures:

@@ -607,6 +607,129 @@ def test_scale_into():
     assert h.dtype == np.float16 and (h == 3).all()
 
 
+# --------------------------------------------------------------------------- bfloat16 arrays
+
+BF16 = kernels.BFLOAT16
+
+
+def bfloat16_values(size, seed=3):
+    """bfloat16 values of every magnitude, infinities and NaNs among them."""
+    patterns = np.random.default_rng(seed).integers(0, 1 << 16, size).astype(np.uint16)
+    return patterns.view(BF16)
+
+
+def finite(values):
+    return np.isfinite(values.astype(np.float32))
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("size", SIZES)
+def test_bfloat16_arrays_reduce_as_their_bits(op, size):
+    """A bfloat16 array needs no encoding; its result has the bits of the uint16 path."""
+    a, b = bfloat16_values(size, 1), bfloat16_values(size, 2)
+    through_bits = np.empty(size, np.uint16)
+    host.reduce_into(op, bits(a), bits(b), through_bits, encoding="bfloat16")
+    for target in ("new", "a", "b"):
+        first, second = a.copy(), b.copy()
+        out = {"new": np.empty_like(a), "a": first, "b": second}[target]
+        host.reduce_into(op, first, second, out)
+        assert out.dtype == BF16
+        assert_same_bits(out, through_bits)
+    combine = kernels.reducer(op, BF16)
+    for x, y in ((a, b), (bits(a), bits(b))):
+        out = np.empty_like(x)
+        combine(x, y, out=out)
+        assert_same_bits(out, through_bits)
+
+
+@pytest.mark.parametrize("factor", [0.5, 3.0, 0.1, -1e-30])
+@pytest.mark.parametrize("size", SIZES)
+def test_bfloat16_scale_rounds_once_from_float32(factor, size):
+    values = bfloat16_values(size)
+    with np.errstate(all="ignore"):
+        expected = (values.astype(np.float32) * np.float32(factor)).astype(BF16)
+    keep = finite(values)
+    for in_place in (False, True):
+        out = values.copy() if in_place else np.empty_like(values)
+        kernels.scale_into(out if in_place else values, factor, out)
+        assert_same_bits(out[keep], expected[keep])
+        assert np.isnan(out[np.isnan(values.astype(np.float32))].astype(np.float32)).all()
+    as_bits = np.empty(size, np.uint16)
+    host.scale_into(bits(values), factor, as_bits, encoding="bfloat16")
+    assert_same_bits(as_bits[keep], expected[keep])
+    copied = np.empty_like(values)
+    kernels.scale_into(values, 1.0, copied)
+    assert_same_bits(copied, values)
+
+
+@pytest.mark.parametrize("divisor", [1, 2, 3, 7, 255])
+@pytest.mark.parametrize("size", SIZES)
+def test_bfloat16_divide_is_correctly_rounded(divisor, size):
+    """float32 division then one rounding: float32 holds more than twice bfloat16's bits
+    plus two, so the double rounding gives the correctly rounded quotient."""
+    values = bfloat16_values(size)
+    with np.errstate(all="ignore"):
+        expected = (values.astype(np.float64) / divisor).astype(np.float32).astype(BF16)
+    keep = finite(values)
+    out = np.empty_like(values)
+    kernels.divide_into(values, divisor, out)
+    assert_same_bits(out[keep], expected[keep])
+    host.divide_into(bits(values), divisor, bits(values), encoding="bfloat16")
+    assert_same_bits(values[keep], expected[keep])
+
+
+def test_bfloat16_small_integer_average_is_exact_rounding():
+    sums = np.arange(-32, 33, dtype=np.float64)
+    for ranks in (2, 3, 4):
+        out = np.empty(sums.size, BF16)
+        kernels.divide_into(sums.astype(BF16), ranks, out)
+        np.testing.assert_array_equal(out.astype(np.float64),
+                                      (sums / ranks).astype(np.float32).astype(BF16)
+                                      .astype(np.float64))
+
+
+def test_bfloat16_kernels_refuse_other_dtypes():
+    with pytest.raises(ValueError):
+        host.scale_into(np.zeros(4, np.float16), 2.0, np.zeros(4, np.uint16), "bfloat16")
+    with pytest.raises(ValueError):
+        host.divide_into(np.zeros(4, BF16), 2, np.zeros(5, BF16))
+    with pytest.raises(ValueError, match="encoding"):
+        host.scale_into(np.zeros(4, np.uint16), 2.0, np.zeros(4, np.uint16), "bfloat8")
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.5, 0.1])
+def test_bfloat16_pack_and_unpack_scale_in_float32(scale):
+    values = bfloat16_values(400)
+    base = values[:300].reshape(20, 15)
+    tensors = [values[300:310], base[::2, 1:], base.T, values[310:311].reshape(())]
+    layout = kernels.FusionLayout.of(tensors)
+    buffer = np.full(layout.total_size, np.nan, np.float32).astype(BF16)
+    kernels.pack(layout, tensors, buffer, scale)
+    for tensor, view in zip(tensors, layout.views(buffer)):
+        want = (tensor.astype(np.float32) * np.float32(scale)).astype(BF16)
+        keep = finite(tensor)
+        assert_same_bits(view[keep], want[keep])
+    for start, stop in layout.padding:
+        assert not bits(buffer[start:stop]).any()
+    outputs = [np.empty(t.shape, BF16) for t in tensors]
+    outputs[1] = np.empty((20, 28), BF16)[::2, ::2]  # a strided destination
+    kernels.unpack(layout, buffer, outputs, scale)
+    for output, view in zip(outputs, layout.views(buffer)):
+        want = (view.astype(np.float32) * np.float32(scale)).astype(BF16)
+        keep = finite(view)
+        assert_same_bits(output[keep], want[keep])
+
+
+def test_bfloat16_helpers():
+    assert kernels.is_floating(BF16) and kernels.is_floating(np.float16)
+    assert not kernels.is_floating(np.int32) and not kernels.is_floating(np.uint16)
+    assert kernels.encoding_of(BF16) == "bfloat16" and kernels.encoding_of(np.float16) is None
+    x = np.ones(3, BF16)
+    assert kernels.bits(x).dtype == np.uint16 and kernels.bits(x).base is x
+    y = np.ones(3, np.float32)
+    assert kernels.bits(y) is y
+
+
 def test_numpy_arrays_run_on_the_host_twin():
     assert kernels.twin_for(np.zeros(3, np.float32)) is host
 
@@ -787,6 +910,10 @@ for threads in (1, 2):
             host.reduce_into(op, h, h.copy(), h)
             host.reduce_into(op, b, b.copy(), np.empty_like(b), "bfloat16")
             host.reduce_into(op, b, b.copy(), b, "bfloat16")
+        host.scale_into(b, 0.5, np.empty_like(b), "bfloat16")
+        host.scale_into(b, 0.5, b, "bfloat16")
+        host.divide_into(b, 3, np.empty_like(b), "bfloat16")
+        host.divide_into(b, 3, b, "bfloat16")
 print("cached")
 """
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

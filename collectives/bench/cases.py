@@ -15,8 +15,9 @@ from mpi4py import MPI
 import numpy as np
 
 from ... import collectives as rt
+from ...kernels import BFLOAT16, bits, is_floating
 from .devices import DeviceArrays
-from .options import NATIVE, Options
+from .options import NATIVE, REDUCING, Options
 
 BUS_FACTORS: dict[str, Callable[[int], float]] = {
     "allreduce": lambda p: 2 * (p - 1) / p,
@@ -58,6 +59,12 @@ def variants(options: Options) -> list[Variant]:
             found.append(Variant(algorithm, CUDA))
         found.append(Variant(algorithm, HOST))
     return found
+
+
+def native_runs(options: Options) -> bool:
+    """Whether MPI's own collective can run the measured call: MPI has no bfloat16, so
+    it cannot reduce one (its column shows n/a); copies move the bits."""
+    return options.dtype != BFLOAT16 or options.collective not in REDUCING
 
 
 def bus_factor(collective: str, ranks: int) -> float:
@@ -127,11 +134,12 @@ class Case:
             self.device.copy_from_host(self.send, self.device_work)
             self.device.synchronize()
 
-    def call(self, algorithm: str, in_place: bool, memory: str = HOST) -> Call:
+    def call(self, algorithm: str, in_place: bool, memory: str = HOST) -> Call | None:
         """One call of the collective with ``algorithm`` on the buffers in ``memory``,
-        returning its result array."""
+        returning its result array; None where MPI's own cannot make it (see
+        :func:`native_runs`)."""
         if algorithm == NATIVE:
-            return self._native(in_place)
+            return self._native(in_place) if native_runs(self.options) else None
         if memory == CUDA:
             if self.device is None:
                 raise ValueError("this case has no GPU buffers")
@@ -166,7 +174,15 @@ class Case:
         return lambda: rt.alltoall(send, algorithm=algorithm)[0]
 
     def _native(self, in_place: bool) -> Call:
-        o, comm, send, out, work = self.options, self.comm, self.send, self.out, self.work
+        """MPI's own collective; bfloat16, which MPI lacks, moved as its bits."""
+        call = self._mpi_call(in_place, *(bits(a) for a in (self.send, self.out, self.work)))
+        if self.options.dtype != BFLOAT16:
+            return call
+        return lambda: call().view(BFLOAT16)
+
+    def _mpi_call(self, in_place: bool, send: np.ndarray, out: np.ndarray,
+                  work: np.ndarray) -> Call:
+        o, comm = self.options, self.comm
         mpi_op, ranks = MPI_OPS[o.op], self.ranks
         average = o.op == "avg"
 
@@ -222,10 +238,10 @@ class Case:
         actual = np.asarray(result, np.float64).reshape(-1)
         if actual.shape != expected.shape:
             return max(actual.size, expected.size)
-        if self.options.dtype.kind != "f":
+        if not is_floating(self.options.dtype):
             return int(np.count_nonzero(actual != expected))
-        relative = {np.dtype(np.float16): 1e-3, np.dtype(np.float32): 1e-6,
-                    np.dtype(np.float64): 1e-12}[self.options.dtype]
+        relative = {np.dtype(np.float16): 1e-3, BFLOAT16: 2.0 ** -7,
+                    np.dtype(np.float32): 1e-6, np.dtype(np.float64): 1e-12}[self.options.dtype]
         if self.options.compression != "none":
             relative = self.ranks * (2.0 ** -10 if self.options.compression == "fp16"
                                      else 2.0 ** -7)

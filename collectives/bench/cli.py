@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 from ... import collectives as rt
 from . import report
-from .cases import CUDA, HOST, Case, Variant, bus_factor, variants
+from .cases import CUDA, HOST, Case, Variant, bus_factor, native_runs, variants
 from .devices import DeviceArrays, NoDevice, open_device
 from .measure import Measurement, measure
 from .options import AUTO_ITERATIONS, AUTO_ROUND_BYTES, NATIVE, Options, parse_options
@@ -131,6 +131,8 @@ def describe(options: Options, ranks: int,
                                    f"{AUTO_ROUND_BYTES >> 20} MiB)")
     compression = "" if options.compression == "none" else \
         f", {options.compression} compression (native uncompressed)"
+    if NATIVE in options.algorithms and not native_runs(options):
+        compression += f"; {NATIVE} n/a (MPI has no bfloat16 reduction)"
     buffers = f"host memory (numpy), {options.dtype.name}{compression}"
     if device is not None:
         buffers = (f"{CUDA}: {device.description}; {HOST}: numpy; "

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ...kernels.dtypes import BFLOAT16
+
 LIBRARIES = ("auto", "cupy", "torch", "numba")
 """``--device-library`` choices; ``auto`` takes CuPy if it sees a GPU, else numba."""
 
@@ -89,15 +91,25 @@ class TorchArrays(DeviceArrays):
 
     def from_host(self, values: np.ndarray) -> Any:
         """``torch.from_numpy(values)`` copied to the current CUDA device."""
-        return self.module.from_numpy(np.ascontiguousarray(values)).to(device="cuda")
+        return self._tensor(values).to(device="cuda")
 
     def copy_from_host(self, values: np.ndarray, target: Any) -> None:
         """``target.copy_(torch.from_numpy(values))``."""
-        target.copy_(self.module.from_numpy(np.ascontiguousarray(values)))
+        target.copy_(self._tensor(values))
 
     def to_host(self, array: Any) -> np.ndarray:
-        """``array.cpu().numpy()``."""
-        return array.detach().cpu().numpy()
+        """``array.cpu().numpy()`` (bfloat16 through its int16 view)."""
+        host = array.detach().cpu()
+        if host.dtype is self.module.bfloat16:
+            return host.view(self.module.int16).numpy().view(BFLOAT16)
+        return host.numpy()
+
+    def _tensor(self, values: np.ndarray) -> Any:
+        """A CPU tensor over ``values`` (bfloat16 through its int16 view)."""
+        values = np.ascontiguousarray(values)
+        if values.dtype == BFLOAT16:
+            return self.module.from_numpy(values.view(np.int16)).view(self.module.bfloat16)
+        return self.module.from_numpy(values)
 
     def synchronize(self) -> None:
         """``torch.cuda.synchronize()``."""
@@ -110,8 +122,13 @@ class NumbaArrays(DeviceArrays):
     library = "numba"
 
     def from_host(self, values: np.ndarray) -> Any:
-        """``cuda.to_device(values)``."""
-        return self.module.to_device(np.ascontiguousarray(values))
+        """``cuda.to_device(values)``; bfloat16, which numba lacks, as ringtrain's
+        :class:`~ringtrain.kernels.device.BfloatDeviceArray`."""
+        values = np.ascontiguousarray(values)
+        if values.dtype == BFLOAT16:
+            from ...kernels import device
+            return device.BfloatDeviceArray(self.module.to_device(values.view(np.uint16)))
+        return self.module.to_device(values)
 
     def copy_from_host(self, values: np.ndarray, target: Any) -> None:
         """``target.copy_to_device(values)``."""

@@ -36,14 +36,16 @@ def time_per_call(call: Call, iterations: int, comm: MPI.Comm) -> float:
 
 def measure(case: Case, options: Options) -> dict[tuple[Variant, bool], Measurement]:
     """Time (and check) every requested algorithm on ``case``, out of place and in place,
-    on each kind of buffer (:func:`~.cases.variants`).
+    on each kind of buffer (:func:`~.cases.variants`); a call MPI cannot make (a
+    bfloat16 reduction by ``native``) is left out, and its row shows n/a.
 
     Each round runs every variant and mode once, one after the other, so that noise
     on a shared machine hits them alike; the median round is reported.
     """
     modes = (False, True) if case.in_place else (False,)
-    calls = {(variant, in_place): case.call(variant.algorithm, in_place, variant.memory)
-             for variant in variants(options) for in_place in modes}
+    made = {(variant, in_place): case.call(variant.algorithm, in_place, variant.memory)
+            for variant in variants(options) for in_place in modes}
+    calls = {key: call for key, call in made.items() if call is not None}
     for call in calls.values():
         for _ in range(options.warmup):
             call()

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...kernels import BFLOAT16, is_floating
 from ..config import ALGORITHMS, parse_size
 from .devices import LIBRARIES
 
@@ -17,11 +18,12 @@ COLLECTIVES = ("allreduce", "broadcast", "allgather", "reducescatter", "alltoall
 DATATYPES = {
     "float": np.float32, "float32": np.float32,
     "half": np.float16, "float16": np.float16,
+    "bfloat16": BFLOAT16, "bf16": BFLOAT16,
     "double": np.float64, "float64": np.float64,
     "int8": np.int8, "uint8": np.uint8, "int32": np.int32, "int": np.int32,
     "int64": np.int64,
 }
-"""Datatype names: nccl-tests' and numpy's."""
+"""Datatype names: nccl-tests' and numpy's (bfloat16 is ``ml_dtypes.bfloat16``)."""
 
 OPS = ("sum", "prod", "max", "min", "avg")
 REDUCING = ("allreduce", "reducescatter")
@@ -166,7 +168,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         parser.error(f"{arguments.collective} offers the algorithms {', '.join(offered)}; "
                      f"got {arguments.algo!r}")
     dtype = np.dtype(DATATYPES[arguments.datatype])
-    if arguments.collective in REDUCING and arguments.op == "avg" and dtype.kind != "f":
+    if arguments.collective in REDUCING and arguments.op == "avg" and not is_floating(dtype):
         parser.error(f"avg needs a floating datatype, got {arguments.datatype}")
     compressible = arguments.collective == "allreduce" and dtype == np.float32
     if arguments.compression != "none" and not compressible:
@@ -178,6 +180,10 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
                      "names only native, which runs on host buffers")
     if arguments.device != "cuda" and arguments.device_library != "auto":
         parser.error("--device-library applies to --device cuda")
+    if arguments.device == "cuda" and dtype == BFLOAT16 and \
+            arguments.device_library not in ("torch", "numba"):
+        parser.error("-d bfloat16 with --device cuda needs --device-library torch or numba "
+                     "(CuPy has no bfloat16)")
     if arguments.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib: pip install 'ringtrain[plot]'")
     iterations = 1 if arguments.iters is None else arguments.iters

@@ -124,8 +124,8 @@ def footer_lines(rows: list[Row]) -> list[str]:
     for name in dict.fromkeys(label(row) for row in rows):
         values = [part.busbw for row in rows if label(row) == name
                   for part in (row.out_of_place, row.in_place) if part is not None]
-        average = sum(values) / len(values) if values else 0.0
-        lines.append(f"# Avg bus bandwidth    : {average:.4f} GB/s ({name})")
+        average = f"{sum(values) / len(values):.4f} GB/s" if values else "n/a"
+        lines.append(f"# Avg bus bandwidth    : {average} ({name})")
     return lines
 
 
@@ -178,7 +178,7 @@ def plot(path: str, title: str, rows: list[Row]) -> None:
 
     figure, axes = pyplot.subplots(figsize=(7, 4.5))
     for name in dict.fromkeys(label(row) for row in rows):
-        mine = [row for row in rows if label(row) == name]
+        mine = [row for row in rows if label(row) == name and row.out_of_place is not None]
         axes.plot([row.size for row in mine], [row.out_of_place.busbw for row in mine],
                   marker="o", label=name)
     axes.set_xscale("log", base=2)

@@ -10,10 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ringtrain.collectives import InvalidArgumentError, UnsupportedDtypeError
-from ringtrain.collectives._buffers import device_tensor
+from ringtrain.collectives import InvalidArgumentError
+from ringtrain.collectives._buffers import TorchBfloat16Memory, device_tensor
 from ringtrain.collectives._device_memory import MPIMemory
 from ringtrain.collectives._staging import PinnedPool, host_array, to_device
+from ringtrain.kernels import BFLOAT16
 
 
 ON_SIMULATOR = "needs a real GPU: the simulator has no"
@@ -29,12 +30,15 @@ class InterfaceObject:
             address = values.ctypes.data
         else:
             from numba import cuda
-            self.keep = cuda.to_device(values)
+            self.keep = cuda.to_device(values.view(np.uint16) if values.dtype == BFLOAT16
+                                       else values)
             address = self.keep.__cuda_array_interface__["data"][0]
         shape = values.shape if strides is None else (values.shape[0] // 2,)
+        # bfloat16's own typestr ("<V2") means raw bytes; its name maps back to bfloat16
+        typestr = "bfloat16" if values.dtype == BFLOAT16 else values.dtype.str
         self.__cuda_array_interface__ = {
             "version": 3, "data": (address, False), "shape": shape,
-            "typestr": values.dtype.str, "strides": strides, "stream": None}
+            "typestr": typestr, "strides": strides, "stream": None}
 
 
 def test_host_tensors_are_not_device_tensors():
@@ -83,8 +87,32 @@ def test_torch_cuda_tensors(device_mode):
     assert transposed.memory.is_contiguous() and transposed.shape == (4, 3)
     with pytest.raises(InvalidArgumentError, match="'t'.*contiguous"):
         device_tensor(tensor.t(), "allreduce_", "t", in_place=True)
-    with pytest.raises(UnsupportedDtypeError, match="'b'.*bfloat16"):
-        device_tensor(tensor.to(torch.bfloat16), "allreduce", "b")
+    bfloat = device_tensor(tensor.to(torch.bfloat16), "allreduce", "b")
+    assert (bfloat.kind, bfloat.shape, bfloat.dtype) == ("torch", (3, 4), BFLOAT16)
+    assert bfloat.memory.__cuda_array_interface__["typestr"] == "bfloat16"
+    made = bfloat.new((2,))
+    assert isinstance(made, TorchBfloat16Memory) and made.tensor.dtype == torch.bfloat16
+    assert made.__cuda_array_interface__["shape"] == (2,)
+
+
+def test_bfloat16_interface_objects_and_results(device, device_mode):
+    """An interface whose typestr numpy maps to bfloat16 is a bfloat16 tensor; results are
+    ringtrain's bfloat16 device arrays, and MPI sees their bits as uint16."""
+    values = (np.arange(6) - 2.5).astype(BFLOAT16)
+    described = device_tensor(InterfaceObject(values, device_mode), "allreduce", "bf")
+    assert (described.kind, described.shape, described.dtype) == ("numba", (6,), BFLOAT16)
+    assert described.nbytes == 12
+    back = to_device(described, values * 2)
+    assert isinstance(back, device.BfloatDeviceArray) and back.shape == (6,)
+    assert np.array_equal(back.copy_to_host().view(np.uint16), (values * 2).view(np.uint16))
+    face = MPIMemory(back).__cuda_array_interface__
+    assert (face["shape"], face["typestr"]) == ((6,), np.dtype(np.uint16).str)
+    again = device_tensor(back, "allreduce", "bf")
+    assert (again.kind, again.dtype) == ("numba", BFLOAT16)
+    if device_mode == "simulator":  # the simulator's arrays can hold bfloat16 host memory
+        from numba import cuda
+        simulated = device_tensor(cuda.to_device(values), "allreduce", "bf")
+        assert (simulated.kind, simulated.dtype) == ("numba", BFLOAT16)
 
 
 def test_cupy_arrays(device_mode):

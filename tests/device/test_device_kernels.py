@@ -651,3 +651,137 @@ def test_objects_with_only_the_cuda_array_interface(cuda, device, device_mode):
     assert tuple(empty.shape) == (values.size,) and np.dtype(empty.dtype) == np.float16
     zeros = kernels.zeros_like(Exposed(decoded))
     assert_same_bits(zeros.copy_to_host(), np.zeros(values.size, np.float32))
+
+
+# ----------------------------------------------------------------------------- bfloat16 arrays
+#
+# bfloat16 arrays (ml_dtypes.bfloat16 on the host) in device memory: ringtrain's
+# BfloatDeviceArray (uint16 bits whose interface says "bfloat16"), and under the simulator
+# also the simulator's own arrays over bfloat16 host memory. Their kernels need no
+# ``encoding``: the dtype says it.
+
+BFLOAT16_KINDS = ["ringtrain", "simulator"]
+
+
+def bfloat16_on_device(cuda, device, device_mode, values, kind):
+    """``values`` (bfloat16) copied to the device as an array of ``kind``."""
+    if kind == "simulator":
+        if device_mode != "simulator":
+            pytest.skip("the simulator's arrays over bfloat16 host memory")
+        return cuda.to_device(values)
+    return device.BfloatDeviceArray(cuda.to_device(np.ascontiguousarray(values)
+                                                   .view(np.uint16)))
+
+
+def bfloat16_values(seed=7):
+    return bfloat_patterns(seed).view(kernels.BFLOAT16)
+
+
+@pytest.mark.parametrize("kind", BFLOAT16_KINDS)
+@pytest.mark.parametrize("op", OPS)
+def test_bfloat16_arrays_reduce_as_on_the_host(cuda, device, device_mode, nan_bits_kept, op,
+                                               kind):
+    a_bits, b_bits = reduction_operands("bfloat16")
+    a, b = a_bits.view(kernels.BFLOAT16), b_bits.view(kernels.BFLOAT16)
+    expected = garbage(a.shape, kernels.BFLOAT16)
+    with np.errstate(all="ignore"):
+        host.reduce_into(op, a, b, expected)
+        through_bits = garbage(a.shape, np.uint16)
+        host.reduce_into(op, a_bits, b_bits, through_bits, "bfloat16")
+    assert_same_bits(expected, through_bits.view(kernels.BFLOAT16))
+    both_nan = nan_mask(a_bits, "bfloat16") & nan_mask(b_bits, "bfloat16")
+    exact = True if op in ("min", "max") else nan_bits_kept & ~both_nan
+    out = bfloat16_on_device(cuda, device, device_mode, garbage(a.shape, kernels.BFLOAT16), kind)
+    device_a = bfloat16_on_device(cuda, device, device_mode, a, kind)
+    kernels.reduce_into(op, device_a, bfloat16_on_device(cuda, device, device_mode, b, kind),
+                        out)
+    assert_same_bits(out.copy_to_host(), expected, nan_bits=exact)
+    kernels.reduce_into(op, device_a, bfloat16_on_device(cuda, device, device_mode, b, kind),
+                        device_a)
+    assert_same_bits(device_a.copy_to_host(), expected, nan_bits=exact)
+
+
+@pytest.mark.parametrize("kind", BFLOAT16_KINDS)
+@pytest.mark.parametrize("factor", [1.0, 0.5, 3.0, 0.1])
+def test_bfloat16_scale_into_matches_host_in_float32(cuda, device, device_mode, nan_bits_kept,
+                                                     factor, kind):
+    values = bfloat16_values().reshape(-1, 5)
+    expected = garbage(values.shape, kernels.BFLOAT16)
+    host.scale_into(values, factor, expected)
+    finite = np.isfinite(values.astype(np.float32))
+    with np.errstate(all="ignore"):
+        in_float32 = (values.astype(np.float32) * np.float32(factor)).astype(kernels.BFLOAT16)
+    assert_same_bits(expected[finite], in_float32[finite])
+    exact = factor == 1.0 or nan_bits_kept
+    source = bfloat16_on_device(cuda, device, device_mode, values, kind)
+    out = bfloat16_on_device(cuda, device, device_mode, garbage(values.shape, kernels.BFLOAT16),
+                             kind)
+    kernels.scale_into(source, factor, out)
+    assert_same_bits(out.copy_to_host(), expected, nan_bits=exact)
+    kernels.scale_into(source, factor, source)
+    assert_same_bits(source.copy_to_host(), expected, nan_bits=exact)
+
+
+@pytest.mark.parametrize("kind", BFLOAT16_KINDS)
+@pytest.mark.parametrize("divisor", [1, 3, 7])
+def test_bfloat16_divide_into_is_correctly_rounded(cuda, device, device_mode, nan_bits_kept,
+                                                   divisor, kind):
+    values = bfloat16_values()
+    expected = garbage(values.shape, kernels.BFLOAT16)
+    host.divide_into(values, divisor, expected)
+    finite = np.isfinite(values.astype(np.float32))
+    exact = (values.astype(np.float64) / divisor).astype(np.float32).astype(kernels.BFLOAT16)
+    assert_same_bits(expected[finite], exact[finite])
+    source = bfloat16_on_device(cuda, device, device_mode, values, kind)
+    out = bfloat16_on_device(cuda, device, device_mode, garbage(values.shape, kernels.BFLOAT16),
+                             kind)
+    kernels.divide_into(source, divisor, out)
+    assert_same_bits(out.copy_to_host(), expected, nan_bits=nan_bits_kept)
+    kernels.divide_into(source, divisor, source)
+    assert_same_bits(source.copy_to_host(), expected, nan_bits=nan_bits_kept)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.5, 0.1])
+def test_bfloat16_pack_and_unpack_match_host(cuda, device, device_mode, nan_bits_kept, scale):
+    rng = np.random.default_rng(4)
+    patterns = bfloat_patterns()
+    tensors = [patterns[rng.integers(0, patterns.size, int(np.prod(s)))].reshape(s)
+               .view(kernels.BFLOAT16) for s in SHAPES]
+    layout = FusionLayout.of(tensors)
+    expected = garbage(layout.total_size, kernels.BFLOAT16)
+    host.pack(layout, tensors, expected, scale)
+    buffer = device.empty((layout.total_size,), kernels.BFLOAT16)
+    assert isinstance(buffer, device.BfloatDeviceArray)
+    kernels.pack(layout, [bfloat16_on_device(cuda, device, device_mode, t, "ringtrain")
+                          for t in tensors], buffer, scale)
+    assert_same_bits(buffer.copy_to_host(), expected, nan_bits=scale == 1.0 or nan_bits_kept)
+    unpacked = [garbage(t.shape, kernels.BFLOAT16) for t in tensors]
+    host.unpack(layout, expected, unpacked, scale)
+    outputs = [device.empty(t.shape, kernels.BFLOAT16) for t in tensors]
+    kernels.unpack(layout, buffer, outputs, scale)
+    for output, want in zip(outputs, unpacked):
+        assert output.shape == want.shape
+        assert_same_bits(output.copy_to_host(), want, nan_bits=scale == 1.0 or nan_bits_kept)
+
+
+def test_bfloat16_device_arrays(cuda, device):
+    values = bfloat16_values()[:12].reshape(3, 4)
+    array = device.BfloatDeviceArray(cuda.to_device(values.view(np.uint16)))
+    assert (array.shape, array.dtype, array.size, array.ndim, array.nbytes) == \
+        ((3, 4), kernels.BFLOAT16, 12, 2, 24)
+    face = array.__cuda_array_interface__
+    assert face["typestr"] == "bfloat16" and tuple(face["shape"]) == (3, 4)
+    assert np.dtype(face["typestr"]) == kernels.BFLOAT16
+    assert kernels.twin_for(array) is device and device.dtype_of(array) == kernels.BFLOAT16
+    assert_same_bits(array.copy_to_host(), values)
+    assert_same_bits(array.reshape(12)[4:8].copy_to_host(), values.reshape(12)[4:8])
+    assert device.byte_view(array).size == 24
+    for made in (device.empty((5,), kernels.BFLOAT16),
+                 device.zeros(None, (5,), kernels.BFLOAT16),
+                 kernels.empty_like(array, kernels.BFLOAT16), kernels.zeros_like(array)):
+        assert isinstance(made, device.BfloatDeviceArray)
+    assert_same_bits(kernels.zeros_like(array).copy_to_host(),
+                     np.zeros((3, 4), kernels.BFLOAT16))
+    target = device.empty((3, 4), kernels.BFLOAT16)
+    target.copy_to_device(values)
+    assert_same_bits(target.copy_to_host(), values)

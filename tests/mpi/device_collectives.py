@@ -6,6 +6,9 @@ Without a GPU it runs under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) on t
 of device array: objects exposing ``__cuda_array_interface__`` over host memory (whose
 results come back as numba device arrays) and the simulator's own arrays. On a GPU it
 runs on CuPy arrays, torch CUDA tensors and numba device arrays, whichever are installed.
+bfloat16 runs on ringtrain's bfloat16 device arrays, torch CUDA tensors on a GPU, and
+under the simulator also on the two kinds above (bfloat16 host memory; the interface's
+typestr is ``"bfloat16"``).
 
 Run: NUMBA_ENABLE_CUDASIM=1 RINGTRAIN_CUDA_AWARE_MPI=0 mpiexec -n K \
          python tests/mpi/device_collectives.py [--only SUBSTRING]
@@ -18,6 +21,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from numba import cuda
 
@@ -30,6 +34,7 @@ from _harness import (COPY_DTYPES, REDUCE_DTYPES, Digests, all_inputs, assert_eq
                       reduce_reference, rng)
 
 AWARE = os.environ.get("RINGTRAIN_CUDA_AWARE_MPI") == "1"
+BF16 = np.dtype(ml_dtypes.bfloat16)
 SHAPES = [(), (0,), (13,), (3, 5)]
 FEW_DTYPES = [np.dtype(np.float32), np.dtype(np.int64)]
 
@@ -44,9 +49,10 @@ class HostBackedDeviceArray:
 
     @property
     def __cuda_array_interface__(self) -> dict:
+        typestr = "bfloat16" if self.host.dtype == BF16 else self.host.dtype.str
         return {"version": 3, "data": (self.host.ctypes.data, False),
                 "shape": self.host.shape if self.strides is None else (self.host.shape[0] // 2,),
-                "typestr": self.host.dtype.str, "strides": self.strides, "stream": None}
+                "typestr": typestr, "strides": self.strides, "stream": None}
 
 
 def _kinds() -> dict[str, tuple[Callable[[np.ndarray], Any], Callable[[Any], np.ndarray], type]]:
@@ -393,6 +399,168 @@ def joined_rank_takes_part_with_device_zeros():
             assert rtc.join() == (max(active) if me != first or k > 1 else me)
     finally:
         _staging.PIPELINE_BYTES = saved
+
+
+# --------------------------------------------------------------------------- bfloat16
+
+def _bfloat16_kinds() -> dict[str, tuple[Callable, Callable, type]]:
+    """Each kind of device array that holds bfloat16: (from host, to host, result type)."""
+    from ringtrain.kernels.device import BfloatDeviceArray
+    kinds = {"ringtrain": (lambda a: BfloatDeviceArray(cuda.to_device(
+        np.ascontiguousarray(a).view(np.uint16))), lambda d: d.copy_to_host(),
+        BfloatDeviceArray)}
+    if SIMULATED:
+        kinds["interface"] = (lambda a: HostBackedDeviceArray(a.copy()),
+                              lambda d: d.host.copy() if isinstance(d, HostBackedDeviceArray)
+                              else d.copy_to_host(), BfloatDeviceArray)
+        kinds["numba"] = (cuda.to_device, lambda d: d.copy_to_host(), BfloatDeviceArray)
+    if "torch" in KINDS:
+        import torch
+        kinds["torch"] = (
+            lambda a: torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16).cuda(),
+            lambda t: t.cpu().view(torch.int16).numpy().view(BF16), torch.Tensor)
+    return kinds
+
+
+BFLOAT16_KINDS = _bfloat16_kinds()
+
+
+def bfloat16_input(rank: int, shape: tuple[int, ...], op: rt.ReduceOp, *key: object
+                   ) -> np.ndarray:
+    """bfloat16 values: small integers for Product (exact), else in [-1, 1]."""
+    g = rng(rank, tuple(shape), "bfloat16", getattr(op, "name", op), *key)
+    if op is rt.Product:
+        return np.asarray(g.choice(np.array([-2.0, -1.0, 1.0, 2.0]), size=shape)).astype(BF16)
+    return np.asarray(g.uniform(-1.0, 1.0, size=shape), np.float32).astype(BF16)
+
+
+def assert_same_bfloat16(actual: np.ndarray, expected: np.ndarray, what: str) -> None:
+    assert actual.dtype == BF16 and expected.dtype == BF16, \
+        f"{what}: dtypes {actual.dtype}, {expected.dtype}"
+    assert_equal_arrays(np.ascontiguousarray(actual).view(np.uint16),
+                        np.ascontiguousarray(expected).view(np.uint16), what)
+
+
+@check
+def bfloat16_reductions_have_the_host_bits():
+    """bfloat16 reductions travel through host memory in both modes (MPI has no bfloat16)
+    and give the host call's bits: the same kernels, in float32, rounded once per step."""
+    me, k = rt.rank(), rt.size()
+    digests = Digests()
+    for number, (kind, (down, up, result_type)) in enumerate(BFLOAT16_KINDS.items()):
+        # every algorithm on the first kind of array; the others share its code past the
+        # adapter
+        algorithms = ("auto", "ring", "native") if number == 0 else ("auto",)
+        for op in (rt.Sum, rt.Average, rt.Min, rt.Max, rt.Product):
+            for shape in ((), (0,), (13,), (37 * k + 1,)):
+                for algorithm in algorithms:
+                    mine = bfloat16_input(me, shape, op, "device", kind)
+                    options = dict(op=op, name="bf", algorithm=algorithm)
+                    if op is not rt.Product:
+                        options.update(prescale_factor=0.5, postscale_factor=3.0)
+                    host = rt.allreduce(mine, **options)
+                    what = f"{kind} bfloat16 {op.name} {shape} {algorithm}"
+                    result = rt.allreduce(down(mine), **options)
+                    assert_kind(result, result_type, what)
+                    assert_same_bfloat16(up(result), host, what)
+                    tensor = down(mine)
+                    assert rt.allreduce_(tensor, **options) is tensor, what
+                    assert_same_bfloat16(up(tensor), host, what + " in place")
+                    digests.add(what, up(result))
+            handle = rt.allreduce_async(down(bfloat16_input(me, (5,), op, "async")), op=op)
+            assert_same_bfloat16(up(rt.synchronize(handle)),
+                                 rt.allreduce(bfloat16_input(me, (5,), op, "async"), op=op),
+                                 f"{kind} async {op.name}")
+        shape = (2 * k + 1, 3)
+        mine = bfloat16_input(me, shape, rt.Average, "reducescatter", kind)
+        result = rt.reducescatter(down(mine), op=rt.Average)
+        assert_kind(result, result_type, f"{kind} reducescatter")
+        assert_same_bfloat16(up(result), rt.reducescatter(mine, op=rt.Average),
+                             f"{kind} reducescatter")
+    digests.verify()
+
+
+@check
+def bfloat16_grouped_with_other_dtypes_on_the_device():
+    me = rt.rank()
+    shapes = [(3, 4), (5,), (), (7,), (0,)]
+    dtypes = [BF16, np.dtype(np.float32), BF16, BF16, np.dtype(np.float32)]
+    for kind, (down, up, result_type) in BFLOAT16_KINDS.items():
+        mine = [bfloat16_input(me, s, rt.Sum, "grouped", i).astype(d)
+                for i, (s, d) in enumerate(zip(shapes, dtypes))]
+        plain = [x.astype(np.float32) if d == np.float32 else x for x, d in zip(mine, dtypes)]
+
+        def on_device(x: np.ndarray) -> Any:
+            if x.dtype == BF16:
+                return down(x)
+            return KINDS[kind][0](x) if kind in KINDS else cuda.to_device(x)
+
+        for op, scales in ((rt.Sum, (1.0, 1.0)), (rt.Average, (0.5, 2.0))):
+            options = dict(op=op, name="g", prescale_factor=scales[0],
+                           postscale_factor=scales[1])
+            host = rt.grouped_allreduce(plain, **options)
+            results = rt.grouped_allreduce([on_device(x) for x in plain], **options)
+            tensors = [on_device(x) for x in plain]
+            returned = rt.grouped_allreduce_(tensors, **options)
+            assert all(a is b for a, b in zip(returned, tensors))
+            for index, dtype in enumerate(dtypes):
+                if dtype != BF16:
+                    continue
+                what = f"{kind} grouped {op.name} #{index}"
+                assert_kind(results[index], result_type, what)
+                assert_same_bfloat16(up(results[index]), host[index], what)
+                assert_same_bfloat16(up(tensors[index]), host[index], what + " in place")
+
+
+@check
+def bfloat16_copies_keep_their_bits():
+    me, k = rt.rank(), rt.size()
+
+    def bits(rank: int, shape: tuple[int, ...], *key: object) -> np.ndarray:
+        g = rng(rank, tuple(shape), "bfloat16 bits", *key)
+        return np.asarray(g.integers(0, 1 << 16, size=shape, dtype=np.uint16)).view(BF16)
+
+    for kind, (down, up, result_type) in BFLOAT16_KINDS.items():
+        for shape in ((), (0,), (11,), (2, 3)):
+            for root in range(k):
+                data = bits(root, shape, "broadcast", kind)
+                result = rt.broadcast(down(bits(me, shape, "broadcast", kind)), root_rank=root)
+                what = f"{kind} bfloat16 broadcast {shape} root {root}"
+                assert_kind(result, result_type, what)
+                assert_same_bfloat16(up(result), data, what)
+                tensor = down(bits(me, shape, "broadcast", kind))
+                assert rt.broadcast_(tensor, root_rank=root) is tensor, what
+                assert_same_bfloat16(up(tensor), data, what + " in place")
+        parts = [bits(r, (r % 3, 2), "gather", kind) for r in range(k)]
+        gathered = rt.allgather(down(parts[me]))
+        assert_kind(gathered, result_type, f"{kind} allgather")
+        assert_same_bfloat16(up(gathered), np.concatenate(parts), f"{kind} allgather")
+        splits = [(me + r) % 3 for r in range(k)]
+        received, counts = rt.alltoall(down(bits(me, (sum(splits), 2), "alltoall", kind)),
+                                       splits=splits)
+        pieces = []
+        for sender in range(k):
+            theirs = [(sender + r) % 3 for r in range(k)]
+            rows = bits(sender, (sum(theirs), 2), "alltoall", kind)
+            pieces.append(rows[sum(theirs[:me]):sum(theirs[:me]) + theirs[me]])
+        assert_kind(received, result_type, f"{kind} alltoall")
+        assert_same_bfloat16(up(received), np.concatenate(pieces), f"{kind} alltoall")
+
+
+@check(min_size=2)
+def joined_rank_replays_bfloat16_device_calls():
+    import ringtrain.collectives as rtc
+    k, me = rt.size(), rt.rank()
+    kind, (down, up, _) = next(iter(BFLOAT16_KINDS.items()))
+    first = k - 1
+    active = [r for r in range(k) if r != first]
+    if me != first:
+        inputs = [np.asarray(rng(r, "device join bf16").integers(-8, 9, 3001)).astype(BF16)
+                  for r in range(k)]
+        got = up(rt.allreduce(down(inputs[me]), op=rt.Sum, name="jb"))
+        total = np.sum([inputs[r].astype(np.float64) for r in active], axis=0)
+        assert_same_bfloat16(got, total.astype(np.float32).astype(BF16), f"{kind} join")
+    assert rtc.join() == max(active)
 
 
 if __name__ == "__main__":
