@@ -19,7 +19,8 @@ class SynchronizedSteps:
     """Mixin: ``synchronize()``, ``skip_synchronize()`` and the rule ``step()`` follows.
 
     A front end sets ``self._reducer`` and implements :meth:`_missing` (the array of a
-    gradient that was not marked ready this step).
+    gradient that was not marked ready this step); :meth:`_after_synchronize` runs once
+    the gradients hold the reduced values.
     """
 
     _reducer: GradientReducer
@@ -48,6 +49,7 @@ class SynchronizedSteps:
         wait for each other's unused parameters.
         """
         self._reducer.wait(missing=self._missing)
+        self._after_synchronize()
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -72,3 +74,6 @@ class SynchronizedSteps:
 
     def _missing(self, index: int) -> Any:
         raise NotImplementedError
+
+    def _after_synchronize(self) -> None:
+        """What a front end does with the reduced gradients before anyone reads them."""

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..collectives import Average, Compression, Compressor, ProcessSet, ReduceOp
+from ..collectives.errors import InvalidArgumentError
 
 
 def DistributedOptimizer(optimizer: Any, named_parameters: Iterable[tuple] | None = None,
@@ -15,7 +16,8 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Iterable[tuple] | Non
                          gradient_predivide_factor: float = 1.0,
                          process_set: ProcessSet | None = None, *,
                          fusion_threshold: int | None = None,
-                         first_bucket_bytes: int = 1 << 20) -> Any:
+                         first_bucket_bytes: int = 1 << 20,
+                         master_weights: bool = False) -> Any:
     """Wrap ``optimizer`` so that its ``step()`` uses gradients averaged across ranks.
 
     A ``torch.optim.Optimizer`` gets a
@@ -37,13 +39,17 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Iterable[tuple] | Non
         process_set: the ranks that share the model (default: all).
         fusion_threshold: bucket size limit in bytes; 0 turns fusion off.
         first_bucket_bytes: the first bucket's limit.
+        master_weights: PyTorch only: the wrapped optimizer steps float32 copies of the
+            float16 and bfloat16 parameters, rounded into the model after each step
+            (see :mod:`~ringtrain.trainer.master_weights`).
 
     Returns:
         The wrapped optimizer: ``step()``, ``zero_grad()``, ``synchronize()``,
         ``skip_synchronize()``, ``state_dict()``... as the wrapped one's.
 
     Raises:
-        InvalidArgumentError: bad arguments, duplicate or missing names.
+        InvalidArgumentError: bad arguments, duplicate or missing names,
+            ``master_weights=True`` for an optimizer that is not PyTorch's.
         UnsupportedDtypeError: a parameter that cannot be reduced.
     """
     arguments = dict(named_parameters=named_parameters, compression=compression,
@@ -54,6 +60,11 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Iterable[tuple] | Non
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(optimizer, torch.optim.Optimizer):
         from .torch_optimizer import TorchDistributedOptimizer
-        return TorchDistributedOptimizer(optimizer, **arguments)
+        return TorchDistributedOptimizer(optimizer, **arguments, master_weights=master_weights)
+    if master_weights is not False:
+        raise InvalidArgumentError(
+            f"master_weights={master_weights!r} needs a torch.optim.Optimizer, got "
+            f"{type(optimizer).__name__}: an optimizer over arrays steps the arrays it "
+            f"was built with; build it over float32 copies of your parameters instead")
     from .array_optimizer import ArrayDistributedOptimizer
     return ArrayDistributedOptimizer(optimizer, **arguments)

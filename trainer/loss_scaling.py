@@ -7,19 +7,24 @@ and skips the step whenever any gradient on any rank is inf or NaN, and doubles 
 overflow on one rank skips the step on all ranks and the models never diverge.
 
 It works with fp16 compression: the reduction's own power-of-two scaling keeps even
-large scaled gradients inside fp16's range on the wire.
+large scaled gradients inside fp16's range on the wire. Gradients may be float32,
+float64, float16 or bfloat16 (16-bit ones are checked in float32 and unscaled in their
+own dtype, exactly: the scale is a power of two); with master weights the scaler sees,
+and unscales, the float32 copies' gradients.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import numpy as np
 
 from ..collectives import Max, allreduce_
 from ..collectives.errors import InvalidArgumentError
-from ..kernels import abs_max, scale_into
+from ..kernels import (BFLOAT16, abs_max, decode_bfloat, decode_half, empty_like,
+                       is_floating, scale_into)
 from ..kernels.dispatch import dtype_of
 
 _NAME = "loss scaler: overflow"
@@ -86,15 +91,14 @@ class DynamicLossScaler:
         """
         optimizer.synchronize()
         gradients = optimizer.gradient_arrays()
-        overflow = any(abs_max(g)[1] for g in gradients if math.prod(g.shape))
+        overflow = any(_nonfinite(g) for g in gradients if math.prod(g.shape))
         if self._agreed_overflow(overflow, optimizer.reducer.process_set):
             self._scale = max(self._scale * self.backoff_factor, self.min_scale)
             self._clean_steps = 0
             self.skipped_steps += 1
             return False
         for gradient in gradients:
-            if dtype_of(gradient).kind == "f":
-                scale_into(gradient, 1.0 / self._scale, gradient)
+            _unscale(gradient, 1.0 / self._scale)
         with optimizer.skip_synchronize():
             optimizer.step()
         self._clean_steps += 1
@@ -121,3 +125,31 @@ class DynamicLossScaler:
 
     def __repr__(self) -> str:
         return f"DynamicLossScaler(scale={self._scale}, skipped_steps={self.skipped_steps})"
+
+
+def _is_torch_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _nonfinite(gradient: Any) -> bool:
+    """Whether ``gradient`` (an array, or a torch CUDA tensor) holds inf or NaN."""
+    if _is_torch_tensor(gradient):
+        return not bool(sys.modules["torch"].isfinite(gradient).all())
+    dtype = dtype_of(gradient)
+    if dtype in (np.float32, np.float64):
+        return abs_max(gradient)[1]
+    if dtype in (np.float16, BFLOAT16):
+        wide = empty_like(gradient, np.float32)
+        (decode_half if dtype == np.float16 else decode_bfloat)(gradient, wide)
+        return abs_max(wide)[1]
+    return False  # integers are always finite
+
+
+def _unscale(gradient: Any, factor: float) -> None:
+    """Multiply a floating ``gradient`` by ``factor`` in place."""
+    if _is_torch_tensor(gradient):
+        if gradient.is_floating_point():
+            gradient.mul_(factor)
+    elif is_floating(dtype_of(gradient)):
+        scale_into(gradient, factor, gradient)

@@ -18,7 +18,8 @@ Every tensor travels with its own in-place ``ringtrain.broadcast_``, named by it
 parameter name or by its path in the optimizer's state dict (``"state.3.exp_avg"``), so
 a rank whose model differs from the root's gets a :class:`~ringtrain.MismatchError`
 naming the tensor. A broadcast only copies bits, so dtypes that the collectives do not
-move themselves (bfloat16, float8, complex, uint16, ...) travel as their bytes.
+move themselves (float8, complex, uint16, ...) travel as their bytes, and torch bfloat16
+tensors as their 16-bit patterns.
 
 torch tensors and numpy arrays are both accepted. This module never imports torch
 itself: a torch tensor can only exist once the caller has imported torch.

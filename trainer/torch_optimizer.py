@@ -9,7 +9,10 @@ class's constructor.
 Each parameter gets a post-accumulate-grad hook that hands its finished gradient to a
 :class:`~ringtrain.trainer.gradient_reducer.GradientReducer`, so the fusion buckets are
 allreduced during the backward pass; ``step()`` waits for them, then calls the wrapped
-optimizer's ``step()``.
+optimizer's ``step()``. Gradients are reduced in their parameters' dtype: float32,
+float64, float16 or bfloat16 (seen by the collectives as ``ml_dtypes.bfloat16``). With
+``master_weights=True`` the wrapped optimizer steps float32 copies of the float16 and
+bfloat16 parameters (see :mod:`~ringtrain.trainer.master_weights`).
 """
 
 from __future__ import annotations
@@ -21,10 +24,13 @@ import numpy as np
 import torch
 
 from ..collectives import Average, Compression, Compressor, ProcessSet, ReduceOp
-from ..collectives.errors import InvalidArgumentError, UnsupportedDtypeError, UsageError
+from ..collectives.engine import device_tensor
+from ..collectives.errors import InvalidArgumentError, UnsupportedDtypeError, UsageError, subject
+from ._dtypes import host_array, numpy_dtype
 from ._names import repeated_names
 from ._synchronized import SynchronizedSteps
 from .gradient_reducer import GradientReducer, predivide_factors
+from .master_weights import STATE_KEY, MasterWeights
 
 
 class TorchDistributedOptimizer(SynchronizedSteps, torch.optim.Optimizer):
@@ -33,7 +39,7 @@ class TorchDistributedOptimizer(SynchronizedSteps, torch.optim.Optimizer):
     Args:
         optimizer: the optimizer to wrap; its parameters on the CPU or on CUDA devices
             (each bucket is packed on the GPU in one kernel launch and reduced through
-            pinned host memory).
+            pinned host memory), float32, float64, float16 or bfloat16.
         named_parameters: ``model.named_parameters()``: names every parameter in error
             messages, and its order (the model's) decides the fusion buckets. Every
             parameter of ``optimizer`` must be named; names must be unique.
@@ -47,10 +53,17 @@ class TorchDistributedOptimizer(SynchronizedSteps, torch.optim.Optimizer):
         fusion_threshold: bucket size limit in bytes, 0 for one allreduce per
             parameter (default: ``RINGTRAIN_FUSION_THRESHOLD`` or 8 MiB).
         first_bucket_bytes: the first bucket's limit (default 1 MiB).
+        master_weights: the wrapped optimizer steps a float32 copy of each float16 and
+            bfloat16 parameter, which takes that parameter's place in its
+            ``param_groups``; the averaged gradient is upcast into the copy's ``.grad``
+            and the model's parameter set to the rounded copy after each step. The
+            copies are part of :meth:`state_dict`. Other parameters are stepped as
+            they are.
 
     Raises:
         InvalidArgumentError: duplicate or missing parameter names, bad arguments.
-        UnsupportedDtypeError: a parameter dtype that cannot be reduced (e.g. bfloat16).
+        UnsupportedDtypeError: a parameter dtype that cannot be reduced (e.g. float8),
+            naming the rank and the parameter.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer,
@@ -60,10 +73,13 @@ class TorchDistributedOptimizer(SynchronizedSteps, torch.optim.Optimizer):
                  gradient_predivide_factor: float = 1.0,
                  process_set: ProcessSet | None = None, *,
                  fusion_threshold: int | None = None,
-                 first_bucket_bytes: int = 1 << 20):
+                 first_bucket_bytes: int = 1 << 20, master_weights: bool = False):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise InvalidArgumentError(
                 f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if not isinstance(master_weights, bool):
+            raise InvalidArgumentError(
+                f"master_weights must be True or False, got {master_weights!r}")
         self.optimizer = optimizer
         self._parameters = _named_trainable_parameters(optimizer, named_parameters)
         prescale, postscale = predivide_factors(op, gradient_predivide_factor)
@@ -73,6 +89,7 @@ class TorchDistributedOptimizer(SynchronizedSteps, torch.optim.Optimizer):
             postscale_factor=postscale, process_set=process_set,
             fusion_threshold=fusion_threshold, first_bucket_bytes=first_bucket_bytes,
             backward_passes_per_step=backward_passes_per_step, as_array=_array_of)
+        self._masters = MasterWeights(optimizer, self._parameters) if master_weights else None
         self._hooks = [hook for i, (_, p) in enumerate(self._parameters)
                        for hook in self._register_hooks(i, p)]
 
@@ -96,18 +113,61 @@ class TorchDistributedOptimizer(SynchronizedSteps, torch.optim.Optimizer):
         """The wrapped optimizer's defaults."""
         return self.optimizer.defaults
 
+    def master_parameters(self) -> list[torch.Tensor]:
+        """The tensors the wrapped optimizer steps, in the model's order: with
+        ``master_weights=True`` the float32 copies in place of the float16/bfloat16
+        parameters, otherwise (and for the other parameters) the parameters themselves.
+        After :meth:`synchronize` their ``.grad`` hold the averaged gradients: clip these."""
+        tensors = []
+        for index, (_, parameter) in enumerate(self._parameters):
+            master = None if self._masters is None else self._masters.master_of(index)
+            tensors.append(parameter if master is None else master)
+        return tensors
+
     def gradient_arrays(self) -> list[Any]:
-        """The gradients as arrays (numpy views, CUDA tensors; parameters without one get
-        zeros), in order."""
-        return [_array_of(self._missing(i)) for i in range(len(self._parameters))]
+        """The gradients the wrapped optimizer steps with, as arrays (numpy views, CUDA
+        tensors; parameters without one get zeros), in order: with master weights, the
+        float32 copies' gradients in place of the float16/bfloat16 ones (upcast first
+        when they were not yet)."""
+        if self._masters is None:
+            return [_gradient_array(self._missing(i)) for i in range(len(self._parameters))]
+        self._masters.gradients_for_step()
+        arrays = []
+        for index in range(len(self._parameters)):
+            master = self._masters.master_of(index)
+            if master is None:
+                arrays.append(_gradient_array(self._missing(index)))
+                continue
+            if master.grad is None:
+                master.grad = torch.zeros_like(master)
+            arrays.append(_gradient_array(master.grad))
+        return arrays
 
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
-        """The wrapped optimizer's ``state_dict()``."""
-        return self.optimizer.state_dict()
+        """The wrapped optimizer's ``state_dict()``; with master weights, the float32
+        copies too, under ``"master_weights"`` (``{position in param_groups: tensor}``)."""
+        state = self.optimizer.state_dict()
+        if self._masters is not None:
+            state[STATE_KEY] = self._masters.state_dict()
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """The wrapped optimizer's ``load_state_dict()``."""
+        """The wrapped optimizer's ``load_state_dict()``; with master weights, the float32
+        copies are loaded too and rounded into the model's parameters (a state without
+        them leaves the copies to be taken from the model's parameters at the next step).
+
+        Raises:
+            InvalidArgumentError: float32 copies that do not fit this optimizer's
+                parameters (nothing is loaded).
+        """
+        if self._masters is None:
+            self.optimizer.load_state_dict(state_dict)
+            return
+        state_dict = dict(state_dict)
+        saved = state_dict.pop(STATE_KEY, None)
+        self._masters.check(saved)
         self.optimizer.load_state_dict(state_dict)
+        self._masters.load_state_dict(saved)
 
     def register_step_pre_hook(self, hook: Callable[..., Any]) -> Any:
         """Registers ``hook`` on the wrapped optimizer."""
@@ -128,14 +188,26 @@ class TorchDistributedOptimizer(SynchronizedSteps, torch.optim.Optimizer):
         optimizer. A ``closure`` that runs backward is synchronized after it runs.
 
         Parameters that got no gradient this step take part with zeros (their ``.grad``
-        is set to zeros first)."""
+        is set to zeros first). With master weights, the wrapped optimizer steps the
+        float32 copies, which are then rounded into the model's parameters."""
         self._synchronize_for_step(when_idle=closure is None)
+        masters = self._masters
+        if masters is None:
+            if closure is None:
+                return self.optimizer.step()
+            return self.optimizer.step(self._synchronized_closure(closure))
+        masters.take_from_model()
         if closure is None:
-            return self.optimizer.step()
-        return self.optimizer.step(self._synchronized_closure(closure))
+            masters.gradients_for_step()
+            result = self.optimizer.step()
+        else:
+            result = self.optimizer.step(self._synchronized_closure(closure))
+        masters.end_step()
+        return result
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """The wrapped optimizer's ``zero_grad()``; refused while gradients are in flight.
+        """The wrapped optimizer's ``zero_grad()`` (with master weights, the model's
+        float16/bfloat16 parameters' gradients too); refused while gradients are in flight.
 
         Raises:
             UsageError: called after ``backward()`` and before ``step()`` or
@@ -147,6 +219,8 @@ class TorchDistributedOptimizer(SynchronizedSteps, torch.optim.Optimizer):
                 "optimizer.step() or optimizer.synchronize(): the gradients are being "
                 "reduced in place; call zero_grad() before backward() or after step()")
         self.optimizer.zero_grad(set_to_none=set_to_none)
+        if self._masters is not None:
+            self._masters.zero_model_gradients(set_to_none)
 
     def remove_hooks(self) -> None:
         """Detach the gradient hooks from the parameters (the wrapper stops working)."""
@@ -155,7 +229,8 @@ class TorchDistributedOptimizer(SynchronizedSteps, torch.optim.Optimizer):
         self._hooks = []
 
     def __repr__(self) -> str:
-        return f"TorchDistributedOptimizer({self.optimizer!r}, {self._reducer!r})"
+        masters = "" if self._masters is None else f", {self._masters!r}"
+        return f"TorchDistributedOptimizer({self.optimizer!r}, {self._reducer!r}{masters})"
 
     def __getstate__(self) -> Any:
         raise TypeError("a DistributedOptimizer cannot be pickled; save state_dict() instead")
@@ -180,10 +255,19 @@ class TorchDistributedOptimizer(SynchronizedSteps, torch.optim.Optimizer):
             parameter.grad = torch.zeros_like(parameter)
         return parameter.grad
 
+    def _after_synchronize(self) -> None:
+        if self._masters is not None:
+            self._masters.upcast_gradients()
+
     def _synchronized_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         def run() -> Any:
+            if self._masters is not None:
+                # The wrapped optimizer may call the closure between changes of the
+                # copies (L-BFGS): the model must hold them when it runs.
+                self._masters.copy_to_model()
             loss = closure()
             self._reducer.wait(missing=self._missing)
+            self._after_synchronize()
             return loss
 
         return run
@@ -227,25 +311,38 @@ def _named_trainable_parameters(
 
 
 def _array_of(gradient: Any) -> Any:
-    """What the kernels take: a numpy view of a CPU tensor, a CUDA tensor detached;
-    arrays pass unchanged."""
+    """What the kernels take: a numpy view of a CPU tensor (``ml_dtypes.bfloat16`` for
+    bfloat16), a CUDA tensor detached (bfloat16: its memory as the collectives describe
+    it, torch's own interface refusing bfloat16); arrays pass unchanged."""
     if not isinstance(gradient, torch.Tensor):
         return gradient
+    gradient = gradient.detach()
     if gradient.device.type == "cpu":
-        return gradient.detach().numpy()
-    return gradient.detach()
+        return host_array(gradient)
+    if gradient.dtype == torch.bfloat16:
+        return device_tensor(gradient, "allreduce_", None, in_place=True).memory
+    return gradient
+
+
+def _gradient_array(gradient: torch.Tensor) -> Any:
+    """A gradient as :meth:`TorchDistributedOptimizer.gradient_arrays` gives it: a numpy
+    view on the CPU, the detached tensor on a GPU."""
+    gradient = gradient.detach()
+    return host_array(gradient) if gradient.device.type == "cpu" else gradient
 
 
 def _numpy_spec(name: str, parameter: torch.Tensor) -> np.ndarray:
     """An empty numpy array of the gradient's shape and dtype (what the reducer sees)."""
     if parameter.device.type not in ("cpu", "cuda"):
         raise UnsupportedDtypeError(
-            f"parameter {name!r} is on {parameter.device}: DistributedOptimizer reduces "
-            f"gradients of CPU and CUDA parameters")
+            f"{subject('DistributedOptimizer', name)}: the parameter is on "
+            f"{parameter.device}; DistributedOptimizer reduces gradients of CPU and CUDA "
+            f"parameters")
     try:
-        dtype = torch.empty(0, dtype=parameter.dtype).numpy().dtype
-    except TypeError:
+        dtype = numpy_dtype(parameter.dtype)
+    except TypeError as error:
         raise UnsupportedDtypeError(
-            f"parameter {name!r} has dtype {parameter.dtype}, which cannot be reduced; "
-            f"keep a float32 master copy (mixed precision) or use float16") from None
+            f"{subject('DistributedOptimizer', name)}: the parameter's dtype "
+            f"{parameter.dtype} cannot be reduced ({error}); use float32, float16 or "
+            f"bfloat16") from None
     return np.empty(tuple(parameter.shape), dtype)

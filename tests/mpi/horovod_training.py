@@ -416,6 +416,49 @@ def adasum_combines_the_ranks_updates():
     assert_identical_across_ranks(model, "after adasum")
 
 
+@check
+def bfloat16_models_average_and_adasum():
+    """A bfloat16 model: its gradients travel as bfloat16, within 2·N·2^-8 of the
+    largest local gradient from the exact mean (N-1 partial sums and the quotient
+    rounded once each); Adasum combines bfloat16 changes. Ranks stay bit-identical."""
+    def loss(model: torch.nn.Module, rank: int) -> torch.Tensor:
+        x, y = batch(rank)
+        return torch.nn.functional.mse_loss(model(x.bfloat16()), y.bfloat16())
+
+    def digests_agree(model: torch.nn.Module, what: str) -> None:
+        digests = Digests()
+        for name, parameter in model.named_parameters():
+            digests.add(f"{what} {name}", parameter.detach().double().numpy())
+        digests.verify()
+
+    model = mlp().to(torch.bfloat16)
+    everyone = []
+    for rank in range(rt.size()):
+        replica = copy.deepcopy(model)
+        loss(replica, rank).backward()
+        everyone.append([p.grad.double() for p in replica.parameters()])
+    optimizer = sgd(model)
+    optimizer.zero_grad()
+    loss(model, rt.rank()).backward()
+    optimizer.synchronize()
+    for (name, parameter), *grads in zip(model.named_parameters(), *everyone):
+        assert parameter.grad.dtype == torch.bfloat16, (name, parameter.grad.dtype)
+        stacked = torch.stack(grads)
+        bound = 2 * rt.size() * 2.0 ** -8 * float(stacked.abs().max())
+        error = float((parameter.grad.double() - stacked.mean(0)).abs().max())
+        assert error <= bound, f"{name}: off by {error:.3g} > {bound:.3g}"
+    with optimizer.skip_synchronize():
+        optimizer.step()
+    digests_agree(model, "bfloat16 step")
+    if rt.size() & (rt.size() - 1) == 0:
+        optimizer.remove_hooks()
+        adasum = sgd(model, op=hvd.Adasum)
+        adasum.zero_grad()
+        loss(model, rt.rank()).backward()
+        adasum.step()
+        digests_agree(model, "bfloat16 adasum")
+
+
 # --------------------------------------------------------------------------- state
 
 @check

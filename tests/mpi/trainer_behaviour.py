@@ -145,9 +145,10 @@ def torch_names_are_checked():
     expect_raises(rt.InvalidArgumentError, rt.DistributedOptimizer, sgd, named[1:],
                   match=["1 parameter(s) of the optimizer are missing from named_parameters",
                          "(5, 5)"])
-    half = torch.optim.SGD([torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))], lr=1)
-    expect_raises(rt.UnsupportedDtypeError, rt.DistributedOptimizer, half,
-                  match=["param_groups[0][0]", "bfloat16"])
+    eight = torch.optim.SGD([torch.nn.Parameter(torch.zeros(3, dtype=torch.float8_e4m3fn))],
+                            lr=1)
+    expect_raises(rt.UnsupportedDtypeError, rt.DistributedOptimizer, eight,
+                  match=[f"rank {rt.rank()}", "param_groups[0][0]", "float8_e4m3fn"])
     expect_raises(rt.InvalidArgumentError, rt.DistributedOptimizer, sgd, named,
                   op=rt.Sum, gradient_predivide_factor=2.0, match=["needs op=Average"])
     expect_raises(rt.InvalidArgumentError, rt.DistributedOptimizer, sgd, named,

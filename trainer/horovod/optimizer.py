@@ -32,6 +32,7 @@ import torch
 from ... import collectives
 from ...collectives.errors import UsageError
 from ...kernels.compression import Compressor as WireCompressor
+from .._dtypes import host_array, torch_tensor
 from .._names import repeated_names
 from ..torch_optimizer import TorchDistributedOptimizer
 from . import _adasum as adasum
@@ -271,10 +272,10 @@ class _AdasumOptimizer(_HorovodOptimizer):
         for dtype, members in sorted(by_dtype.items(), key=lambda item: str(item[0])):
             flat = torch.cat([deltas[i].reshape(-1).cpu() for i in members])
             wire, context = self._compression.compress(flat)
-            rows = collectives.allgather(wire.numpy().reshape(1, -1),
+            rows = collectives.allgather(host_array(wire).reshape(1, -1),
                                          name=f"adasum deltas ({dtype})",
                                          process_set=self.process_set)
-            everyone = self._compression.decompress(torch.from_numpy(rows), context)
+            everyone = self._compression.decompress(torch_tensor(rows), context)
             offset = 0
             for i in members:
                 size = deltas[i].numel()
