@@ -18,6 +18,7 @@ _EXPORTS = {
     "join": "uneven",
     "JoinResult": "uneven",
     "DynamicLossScaler": "loss_scaling",
+    "ShardedOptimizer": "sharded",
 }
 
 __all__ = sorted(_EXPORTS)

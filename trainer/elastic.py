@@ -170,7 +170,8 @@ class State:
 
         Rank 0 writes the checkpoint atomically (:func:`write_atomically`); then it
         tells every rank whether that worked, so no rank goes on before the commit is
-        durable, and a failed write raises on every rank. Every rank must call it.
+        durable, and a failed write raises on every rank. Every rank must call it (a
+        ShardedOptimizer among the values gathers its full state for rank 0 then).
 
         Raises:
             ElasticError: the checkpoint could not be written (on every rank).
@@ -178,6 +179,11 @@ class State:
         from .. import collectives
 
         collectives.init()
+        for value in self._values.values():
+            # A sharded optimizer gathers its full state on rank 0 (every rank takes part).
+            consolidate = getattr(value, "consolidate_state_dict", None)
+            if callable(consolidate):
+                consolidate()
         error = None
         if collectives.rank() == 0:
             error = self._write()

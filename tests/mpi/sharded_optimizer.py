@@ -1,0 +1,483 @@
+"""ShardedOptimizer (ZeRO stage 1 and 2) on any number of ranks.
+
+Gold checks: N ranks with the sharded optimizer end every step with the parameters of N
+ranks with the plain DistributedOptimizer and of one process training on the global
+batch. Tolerances:
+
+- against the DistributedOptimizer: both average the same per-rank gradients, the
+  sharded one by reduce-scatter (ring), the plain one by allreduce (recursive doubling
+  for these small buckets), and the optimizer's elementwise update is the same code on
+  the same values. With N <= 2 the average is one addition (commutative) and one
+  division: the results are bit-identical, and the check asserts equality. With N > 2
+  the additions are associated differently: each averaged gradient differs by at most
+  (N-1)·2⁻²⁴ of the sum of magnitudes, which SGD carries into the update times lr·2
+  (momentum 0.5) and Adam's scale-free update m/√v turns into a relative change of the
+  same order; over STEPS steps and with parameters near 1 that stays below 2e-6 (about
+  30 ulps); measured at N = 3, 4: up to 3e-8.
+- against one process: the global batch's mean is summed in another order too (the
+  bound of trainer_gold.py: a few ulps per step), and Adam divides by √v + eps, which
+  amplifies relative gradient differences where |g| is tiny; 2e-5 covers it over STEPS
+  steps (measured: up to 3e-8).
+
+The model has 5 tensors of mixed shapes (2-D, 1-D and 3-D), 113 elements (not a
+multiple of 2, 3 or 4), in several buckets, so parameters span ranks.
+
+Run: mpiexec -n K python tests/mpi/sharded_optimizer.py [--only SUBSTRING]
+Set RINGTRAIN_SHARDED_CHECKPOINT=DIR to save a consolidated checkpoint there (when none
+is there) or, when one saved with another number of ranks is there, to load it and check
+that training continues as if uninterrupted.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import pickle
+import tempfile
+
+import numpy as np
+import torch
+
+import ringtrain as rt
+from ringtrain import elastic
+from _harness import Digests, check, expect_raises, main, rng
+
+GLOBAL_BATCH = 24
+STEPS = 4
+BUCKETS = dict(fusion_threshold=160, first_bucket_bytes=64)
+OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.5),
+    "adam": lambda params: torch.optim.Adam(params, lr=0.01),
+    "adamw": lambda params: torch.optim.AdamW(params, lr=0.01, weight_decay=0.1),
+}
+AGAINST_PLAIN = 2e-6
+AGAINST_ONE_PROCESS = 2e-5
+
+
+class Net(torch.nn.Module):
+    """5 -> 9 -> 5 with a 3-D scale tensor, and optionally a parameter never used."""
+
+    def __init__(self, unused: bool = False, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        torch.manual_seed(11)
+        self.fc1 = torch.nn.Linear(5, 9)
+        self.scale = torch.nn.Parameter(1 + 0.1 * torch.randn(1, 3, 3))
+        self.fc2 = torch.nn.Linear(9, 5)
+        if unused:
+            self.unused = torch.nn.Parameter(torch.randn(7))
+        self.to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = torch.tanh(self.fc1(x))
+        hidden = hidden * self.scale.reshape(-1)
+        return self.fc2(hidden)
+
+
+def global_data(step: int, dtype: torch.dtype = torch.float32):
+    generator = rng(0, "sharded data", step)
+    inputs = generator.standard_normal((GLOBAL_BATCH, 5)).astype(np.float32)
+    targets = generator.standard_normal((GLOBAL_BATCH, 5)).astype(np.float32)
+    return torch.from_numpy(inputs).to(dtype), torch.from_numpy(targets).to(dtype)
+
+
+def my_shard(tensor: torch.Tensor) -> torch.Tensor:
+    share = len(tensor) // rt.size()
+    return tensor[rt.rank() * share:(rt.rank() + 1) * share]
+
+
+def train_step(model, optimizer, inputs, targets, passes: int = 1, clip: float | None = None):
+    optimizer.zero_grad()
+    for x, y in zip(inputs.chunk(passes), targets.chunk(passes)):
+        loss = torch.nn.functional.mse_loss(model(x), y) / passes
+        loss.backward()
+    if clip is None:
+        optimizer.step()
+        return None
+    if hasattr(optimizer, "clip_grad_norm_"):
+        norm = optimizer.clip_grad_norm_(clip)
+        optimizer.step()
+        return float(norm)
+    if isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "synchronize"):
+        optimizer.synchronize()
+        norm = torch.nn.utils.clip_grad_norm_(optimizer.master_parameters(), clip)
+        with optimizer.skip_synchronize():
+            optimizer.step()
+        return float(norm)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optimizer.step()
+    return float(norm)
+
+
+def max_difference(a: torch.nn.Module, b: torch.nn.Module) -> tuple[float, str]:
+    worst, where = 0.0, ""
+    for (name, x), y in zip(a.named_parameters(), b.parameters()):
+        error = float((x.detach().double() - y.detach().double()).abs().max())
+        if error > worst:
+            worst, where = error, name
+    return worst, where
+
+
+def sharded(model, kind: str, stage: int, **options):
+    return rt.ShardedOptimizer(OPTIMIZERS[kind](model.parameters()),
+                               named_parameters=model.named_parameters(), stage=stage,
+                               **BUCKETS, **options)
+
+
+def plain(model, kind: str, **options):
+    return rt.DistributedOptimizer(OPTIMIZERS[kind](model.parameters()),
+                                   named_parameters=model.named_parameters(), **BUCKETS,
+                                   **options)
+
+
+def gold(kind: str, stage: int, passes: int = 1, clip: float | None = None) -> None:
+    single = Net()
+    single_optimizer = OPTIMIZERS[kind](single.parameters())
+    reference, model = Net(), Net()
+    reference_optimizer = plain(reference, kind, backward_passes_per_step=passes)
+    optimizer = sharded(model, kind, stage, backward_passes_per_step=passes)
+    assert len(optimizer.partition.buckets) >= 3, optimizer.partition
+    digests = Digests()
+    for step in range(STEPS):
+        inputs, targets = global_data(step)
+        train_step(single, single_optimizer, inputs, targets, passes, clip)
+        norm_plain = train_step(reference, reference_optimizer, my_shard(inputs),
+                                my_shard(targets), passes, clip)
+        norm = train_step(model, optimizer, my_shard(inputs), my_shard(targets), passes, clip)
+        if clip is not None:
+            assert math.isclose(norm, norm_plain, rel_tol=1e-5), (step, norm, norm_plain)
+        error, where = max_difference(model, reference)
+        if rt.size() <= 2 and clip is None:
+            assert error == 0.0, f"step {step} {where}: differs from DistributedOptimizer " \
+                                 f"by {error:.3g} (expected bit-identical)"
+        assert error <= AGAINST_PLAIN, f"step {step} {where}: {error:.3g} from plain"
+        error, where = max_difference(model, single)
+        assert error <= AGAINST_ONE_PROCESS, f"step {step} {where}: {error:.3g} from one process"
+        for name, parameter in model.named_parameters():
+            digests.add(f"step {step} {name}", parameter.detach().numpy())
+    digests.verify()
+
+
+for _kind in OPTIMIZERS:
+    for _stage in (1, 2):
+        check(lambda k=_kind, s=_stage: gold(k, s), name=f"gold_{_kind}_stage{_stage}")
+check(lambda: gold("adam", 2, passes=2), name="gold_adam_stage2_two_backward_passes")
+check(lambda: gold("sgd", 1, passes=2), name="gold_sgd_stage1_two_backward_passes")
+check(lambda: gold("adamw", 2, clip=0.05), name="gold_adamw_stage2_clip_grad_norm")
+check(lambda: gold("sgd", 1, clip=0.05), name="gold_sgd_stage1_clip_grad_norm")
+
+
+@check
+def stage2_frees_full_gradients() -> None:
+    for stage in (1, 2):
+        model = Net()
+        optimizer = sharded(model, "adam", stage)
+        inputs, targets = global_data(0)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(my_shard(inputs)), my_shard(targets)).backward()
+        kept = [name for name, p in model.named_parameters() if p.grad is not None]
+        if stage == 2:
+            assert kept == [], f"stage 2 kept full gradients of {kept}"
+        else:
+            assert len(kept) == 5, kept
+        optimizer.synchronize()
+        owned = sum(s.grad.numel() for s in optimizer.shards)
+        assert owned == optimizer.partition.elements(rt.rank()), owned
+        optimizer.step()
+
+
+@check
+def unused_parameter_and_reduced_precision() -> None:
+    """An unused parameter steps with zero gradients, as in the DistributedOptimizer;
+    float16 and bfloat16 models give the DistributedOptimizer's parameters within the
+    16-bit formats' rounding: the two average in differently ordered or rounded steps (the
+    allreduce of a fused bucket and the ring reduce-scatter round the sum and the quotient
+    differently), each a few ulps of the gradient, times lr·2 (momentum) per step: 8 ulps
+    of a parameter near 1 per step bounds it. float32 at N <= 2 is bit-identical."""
+    for dtype, ulp in ((torch.float32, 2.0 ** -23), (torch.float16, 2.0 ** -10),
+                       (torch.bfloat16, 2.0 ** -7)):
+        for stage in (1, 2):
+            reference, model = Net(unused=True, dtype=dtype), Net(unused=True, dtype=dtype)
+            reference_optimizer = plain(reference, "sgd")
+            optimizer = sharded(model, "sgd", stage)
+            for step in range(STEPS):
+                inputs, targets = global_data(step, dtype)
+                train_step(reference, reference_optimizer, my_shard(inputs), my_shard(targets))
+                train_step(model, optimizer, my_shard(inputs), my_shard(targets))
+                error, where = max_difference(model, reference)
+                exact = rt.size() <= 2 and dtype == torch.float32
+                bound = 0.0 if exact else 4 * ulp * 2 * (step + 1)
+                assert error <= bound, f"{dtype} stage {stage} step {step} {where}: {error:.3g}"
+
+
+@check
+def state_memory_is_a_shard() -> None:
+    model = Net()
+    optimizer = sharded(model, "adam", 1)
+    inputs, targets = global_data(0)
+    train_step(model, optimizer, my_shard(inputs), my_shard(targets))
+    total = sum(p.numel() for p in model.parameters())
+    largest = max(p.numel() for p in model.parameters())
+    for key in ("exp_avg", "exp_avg_sq"):
+        held = sum(optimizer.state[s][key].numel() for s in optimizer.shards)
+        assert held <= math.ceil(total / rt.size()) + largest, (key, held, total)
+        everyone = rt.allgather(np.array([held]), name=f"state {key}")
+        assert int(everyone.sum()) == total, (key, everyone, total)
+    assert optimizer.state_elements() == 2 * optimizer.partition.elements(rt.rank())
+
+
+@check
+def lr_scheduler_and_param_groups() -> None:
+    def build(model):
+        return torch.optim.SGD([{"params": [model.fc1.weight, model.fc1.bias], "lr": 0.05},
+                                {"params": [model.scale, model.fc2.weight, model.fc2.bias]}],
+                               lr=0.1, momentum=0.9)
+
+    reference, model = Net(), Net()
+    reference_optimizer = rt.DistributedOptimizer(
+        build(reference), named_parameters=reference.named_parameters(), **BUCKETS)
+    optimizer = rt.ShardedOptimizer(build(model), model.named_parameters(), stage=2,
+                                    **BUCKETS)
+    schedulers = [torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5)
+                  for o in (reference_optimizer, optimizer)]
+    for step in range(STEPS):
+        inputs, targets = global_data(step)
+        train_step(reference, reference_optimizer, my_shard(inputs), my_shard(targets))
+        train_step(model, optimizer, my_shard(inputs), my_shard(targets))
+        for scheduler in schedulers:
+            scheduler.step()
+        error, where = max_difference(model, reference)
+        assert error <= AGAINST_PLAIN, f"step {step} {where}: {error:.3g}"
+    assert [g["lr"] for g in optimizer.param_groups] == [0.05 / 16, 0.1 / 16]
+
+
+def continue_and_compare(model, optimizer, start: int, reference_steps: int, kind: str) -> None:
+    """Train ``model`` from step ``start`` to STEPS and compare with one process trained
+    uninterrupted for all STEPS."""
+    single = Net()
+    single_optimizer = OPTIMIZERS[kind](single.parameters())
+    for step in range(reference_steps):
+        inputs, targets = global_data(step)
+        train_step(single, single_optimizer, inputs, targets)
+    for step in range(start, reference_steps):
+        inputs, targets = global_data(step)
+        if hasattr(optimizer, "shards"):
+            train_step(model, optimizer, my_shard(inputs), my_shard(targets))
+        else:
+            train_step(model, optimizer, inputs, targets)
+    error, where = max_difference(model, single)
+    assert error <= AGAINST_ONE_PROCESS, f"{where}: {error:.3g} from an uninterrupted run"
+
+
+def trained(kind: str, stage: int, steps: int):
+    model = Net()
+    optimizer = sharded(model, kind, stage)
+    for step in range(steps):
+        inputs, targets = global_data(step)
+        train_step(model, optimizer, my_shard(inputs), my_shard(targets))
+    return model, optimizer
+
+
+@check
+def consolidated_state_loads_everywhere() -> None:
+    for kind in ("adam", "sgd"):
+        model, optimizer = trained(kind, 2, 2)
+        full = optimizer.state_dict(consolidate=True, to_rank=rt.size() - 1)
+        assert (full is None) == (rt.rank() != rt.size() - 1)
+        full = rt.broadcast_object(full, root_rank=rt.size() - 1, name="consolidated")
+        assert len(full["state"]) == 5, full["state"].keys()
+        # into a plain torch optimizer of the same parameters
+        plain_model = copy.deepcopy(model)
+        plain_optimizer = OPTIMIZERS[kind](plain_model.parameters())
+        plain_optimizer.load_state_dict(copy.deepcopy(full))  # it adopts the tensors
+        continue_and_compare(plain_model, plain_optimizer, 2, STEPS, kind)
+        # into a fresh sharded optimizer, and as the same stage's shard
+        for form in ("consolidated", "shard"):
+            again = copy.deepcopy(model)
+            optimizer_again = sharded(again, kind, 2)
+            saved = copy.deepcopy(full) if form == "consolidated" else optimizer.state_dict()
+            optimizer_again.load_state_dict(pickle.loads(pickle.dumps(saved)))
+            continue_and_compare(again, optimizer_again, 2, STEPS, kind)
+        # a plain optimizer's state (one process, unsharded) loads into a sharded one
+        single = Net()
+        single_optimizer = OPTIMIZERS[kind](single.parameters())
+        for step in range(2):
+            train_step(single, single_optimizer, *global_data(step))
+        restarted = copy.deepcopy(single)
+        restarted_optimizer = sharded(restarted, kind, 1)
+        restarted_optimizer.load_state_dict(single_optimizer.state_dict())
+        continue_and_compare(restarted, restarted_optimizer, 2, STEPS, kind)
+
+
+@check
+def wrapping_an_optimizer_that_already_stepped() -> None:
+    single = Net()
+    single_optimizer = OPTIMIZERS["adam"](single.parameters())
+    for step in range(2):
+        train_step(single, single_optimizer, *global_data(step))
+    optimizer = rt.ShardedOptimizer(single_optimizer, single.named_parameters(), stage=1,
+                                    **BUCKETS)
+    continue_and_compare(single, optimizer, 2, STEPS, "adam")
+
+
+@check
+def elastic_state_saves_the_consolidated_form() -> None:
+    directory = rt.broadcast_object(tempfile.mkdtemp() if rt.rank() == 0 else None,
+                                    root_rank=0, name="elastic directory")
+    model, optimizer = trained("adamw", 2, 2)
+    state = elastic.State(directory=directory, step=2, model=model, optimizer=optimizer)
+    state.commit()
+    fresh_model = Net()
+    fresh_optimizer = sharded(fresh_model, "adamw", 1)
+    restored = elastic.State(directory=directory, step=0, model=fresh_model,
+                             optimizer=fresh_optimizer)
+    assert restored.restore() and restored.step == 2
+    continue_and_compare(fresh_model, fresh_optimizer, 2, STEPS, "adamw")
+
+
+@check
+def checkpoint_across_numbers_of_ranks() -> None:
+    """With RINGTRAIN_SHARDED_CHECKPOINT set: save after 2 steps when no checkpoint is
+    there; load one saved with another number of ranks and continue."""
+    directory = os.environ.get("RINGTRAIN_SHARDED_CHECKPOINT")
+    if not directory:
+        return
+    path = os.path.join(directory, "sharded.pt")
+    if not os.path.exists(path):
+        model, optimizer = trained("adam", 2, 2)
+        full = optimizer.state_dict(consolidate=True)
+        if rt.rank() == 0:
+            torch.save({"size": rt.size(), "model": model.state_dict(), "optimizer": full},
+                       path)
+        rt.barrier()
+        return
+    saved = torch.load(path, weights_only=False)
+    assert saved["size"] != rt.size(), "the checkpoint was saved with as many ranks"
+    model = Net()
+    model.load_state_dict(saved["model"])
+    optimizer = sharded(model, "adam", 1)
+    optimizer.load_state_dict(saved["optimizer"])
+    continue_and_compare(model, optimizer, 2, STEPS, "adam")
+    print(f"rank {rt.rank()}: continued a checkpoint of {saved['size']} ranks", flush=True)
+
+
+@check
+def errors_are_clear() -> None:
+    model = Net()
+    expect_raises(rt.InvalidArgumentError, rt.ShardedOptimizer,
+                  torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), stage=3,
+                  match=["stage must be 1 or 2", "3"])
+    expect_raises(rt.InvalidArgumentError, rt.ShardedOptimizer,
+                  torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                  stage=True, match=["stage must be 1 or 2"])
+    named = [(n, p) for n, p in model.named_parameters() if n != "scale"]
+    expect_raises(rt.InvalidArgumentError, rt.ShardedOptimizer,
+                  torch.optim.SGD(model.parameters(), lr=0.1), named,
+                  match=[f"rank {rt.rank()}", "missing from named_parameters", "(1, 3, 3)"])
+    twice = [("w", model.fc1.weight), ("w", model.fc1.bias), ("scale", model.scale),
+             ("fc2.weight", model.fc2.weight), ("fc2.bias", model.fc2.bias)]
+    expect_raises(rt.InvalidArgumentError, rt.ShardedOptimizer,
+                  torch.optim.SGD(model.parameters(), lr=0.1), twice,
+                  match=[f"rank {rt.rank()}", "repeats the name(s) 'w'"])
+    optimizer = sharded(model, "sgd", 1)
+    inputs, targets = global_data(0)
+    torch.nn.functional.mse_loss(model(my_shard(inputs)), my_shard(targets)).backward()
+    expect_raises(rt.UsageError, optimizer.zero_grad, match=["before optimizer.step()"])
+    expect_raises(rt.UsageError, lambda: torch.nn.functional.mse_loss(
+        model(my_shard(inputs)), my_shard(targets)).backward(),
+        match=["computed 2 times", "backward_passes_per_step is 1"])
+    optimizer.step()
+    if rt.size() > 1:
+        other = rt.broadcast_object(optimizer.state_dict(), root_rank=1, name="rank 1's shard")
+        if rt.rank() != 1:
+            expect_raises(rt.InvalidArgumentError, optimizer.load_state_dict, other,
+                          match=[f"rank {rt.rank()}", "the shard of rank 1",
+                                 "consolidate=True"])
+
+
+# --------------------------------------------------------------------------- numpy
+
+class NumpyNet:
+    """5 -> 6 -> 5 with tanh (71 elements), gradients written into fixed arrays."""
+
+    def __init__(self) -> None:
+        generator = rng(0, "sharded numpy model")
+        self.params = {"w1": generator.standard_normal((5, 6)).astype(np.float32) * 0.4,
+                       "b1": np.zeros(6, np.float32),
+                       "w2": generator.standard_normal((6, 5)).astype(np.float32) * 0.4,
+                       "b2": np.zeros(5, np.float32)}
+        self.grads = {name: np.zeros_like(p) for name, p in self.params.items()}
+
+    def backward(self, x: np.ndarray, y: np.ndarray, scale: float, ready) -> None:
+        p, g = self.params, self.grads
+        hidden = np.tanh(x @ p["w1"] + p["b1"])
+        error = (hidden @ p["w2"] + p["b2"] - y) * (2 * scale / y.size)
+        g["b2"] += error.sum(0)
+        ready("b2")
+        g["w2"] += hidden.T @ error
+        ready("w2")
+        back = (error @ p["w2"].T) * (1 - hidden ** 2)
+        g["b1"] += back.sum(0)
+        ready("b1")
+        g["w1"] += x.T @ back
+        ready("w1")
+
+
+class MomentumSGD:
+    """An optimizer over arrays: step() reads the gradients and updates the parameters."""
+
+    def __init__(self, params: dict, grads: dict, lr: float = 0.1, momentum: float = 0.5):
+        self.params, self.grads, self.lr, self.momentum = params, grads, lr, momentum
+        self.velocity = {name: np.zeros_like(p) for name, p in params.items()}
+
+    def step(self) -> None:
+        for name, parameter in self.params.items():
+            self.velocity[name] = self.momentum * self.velocity[name] + self.grads[name]
+            parameter -= self.lr * self.velocity[name]
+
+    def state_dict(self) -> dict:
+        return {name: v.copy() for name, v in self.velocity.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.velocity = {name: np.array(v) for name, v in state.items()}
+
+
+def numpy_gold(passes: int, overlap: bool) -> None:
+    reference, model = NumpyNet(), NumpyNet()
+    reference_optimizer = rt.DistributedOptimizer(
+        MomentumSGD(reference.params, reference.grads),
+        [(n, p, reference.grads[n]) for n, p in reference.params.items()],
+        backward_passes_per_step=passes, **BUCKETS)
+    optimizer = rt.ShardedOptimizer(
+        MomentumSGD, [(n, p, model.grads[n]) for n, p in model.params.items()],
+        backward_passes_per_step=passes, fusion_threshold=64, first_bucket_bytes=32)
+    assert len(optimizer.partition.buckets) >= 2, optimizer.partition
+    owned = sum(v.size for v in optimizer.optimizer.velocity.values())
+    assert owned == optimizer.partition.elements(rt.rank()), owned
+    digests = Digests()
+    for step in range(STEPS):
+        inputs, targets = (t.numpy() for t in global_data(step))
+        for net, opt, ready in ((reference, reference_optimizer, lambda name: None),
+                                (model, optimizer, optimizer.mark_ready if overlap
+                                 else lambda name: None)):
+            opt.zero_grad()
+            for x, y in zip(np.array_split(my_shard(inputs), passes),
+                            np.array_split(my_shard(targets), passes)):
+                net.backward(x, y, 1.0 / passes, ready)
+            opt.step()
+        for name, mine in model.params.items():
+            error = float(np.abs(mine - reference.params[name]).max())
+            bound = 0.0 if rt.size() <= 2 else AGAINST_PLAIN
+            assert error <= bound, f"step {step} {name}: {error:.3g} from plain"
+            digests.add(f"step {step} {name}", mine)
+    digests.verify()
+    saved = optimizer.state_dict()
+    optimizer.load_state_dict(pickle.loads(pickle.dumps(saved)))
+
+
+check(lambda: numpy_gold(1, overlap=True), name="numpy_gold_overlapped")
+check(lambda: numpy_gold(2, overlap=False), name="numpy_gold_two_backward_passes")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,474 @@
+"""ShardedOptimizer: data parallelism with the optimizer state sharded across ranks
+(ZeRO stage 1 and 2) for PyTorch.
+
+Every rank keeps the whole model, but steps only the elements it owns (its shard, see
+:mod:`~ringtrain.trainer.sharded_partition`), so the optimizer's state (momentum, Adam's
+moments) exists once across the ranks instead of once per rank. A training step:
+
+1. during ``backward()``, a post-accumulate-grad hook on each parameter marks its
+   gradient ready; a bucket whose gradients are all ready (and whose predecessors have
+   started) is packed into a flat buffer and ``reducescatter_async``-ed (averaged), so
+   each rank receives the averaged gradients of the elements it owns while the backward
+   pass goes on. With ``stage=2`` the parameters' ``.grad`` are freed (set to None) as
+   soon as they are packed;
+2. ``step()`` waits for the buckets, hands each owned piece its averaged gradient, steps
+   the wrapped optimizer, whose ``param_groups`` hold this rank's pieces (1-D views of
+   the parameters' memory, so the optimizer updates the model in place), and
+   ``allgather``-s the updated chunks into every rank's parameters.
+
+Reduce-scatter plus allgather move the bytes of one allreduce.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..collectives import (Average, Max, ProcessSet, Sum, allgather_async, allreduce, rank,
+                           reducescatter_async, size, synchronize)
+from ..collectives.errors import InvalidArgumentError, UnsupportedDtypeError, UsageError
+from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec
+from ._buckets import fusion_threshold as resolve_fusion_threshold
+from ._dtypes import numpy_dtype
+from ._names import repeated_names
+from .sharded_partition import Partition, Piece, ShardBucket
+from .sharded_state import consolidated_state_dict, load_state_dict, shard_state_dict
+
+_FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class TorchShardedOptimizer(torch.optim.Optimizer):
+    """Wraps a ``torch.optim.Optimizer`` so that each rank steps, and keeps optimizer
+    state for, only its shard of the parameters (ZeRO stage 1 or 2).
+
+    Args:
+        optimizer: any torch optimizer whose update is elementwise (SGD, Adam, AdamW,
+            RMSprop, Adagrad, ...), built over the model's parameters (CPU or CUDA;
+            float32, float64, float16 or bfloat16; contiguous). Its ``param_groups`` keep
+            their hyper-parameters (learning-rate schedulers work on them); their
+            ``params`` are replaced by this rank's pieces.
+        named_parameters: ``model.named_parameters()``: names in errors and the model's
+            order (which decides the buckets and so the partition). Every parameter of
+            ``optimizer`` must be named; names must be unique.
+        stage: 1 shards the optimizer state; 2 also frees each full gradient once it is
+            packed for its reduce-scatter (each rank then keeps only its shard of the
+            averaged gradients).
+        process_set: the ranks that share the model (default: all).
+        backward_passes_per_step: backward passes accumulated locally per step.
+        fusion_threshold: bucket size limit in bytes (default: as DistributedOptimizer).
+        first_bucket_bytes: the first bucket's limit (default 1 MiB).
+
+    Raises:
+        InvalidArgumentError: a stage other than 1 or 2, duplicate or missing names, a
+            non-contiguous parameter.
+        UnsupportedDtypeError: a parameter that is not floating point, or not on the CPU
+            or a CUDA device.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+                 stage: int = 1, process_set: ProcessSet | None = None, *,
+                 backward_passes_per_step: int = 1, fusion_threshold: int | None = None,
+                 first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES):
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise InvalidArgumentError(
+                f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if stage not in (1, 2) or isinstance(stage, bool):
+            raise InvalidArgumentError(f"stage must be 1 or 2, got {stage!r}")
+        if not isinstance(backward_passes_per_step, int) or \
+                isinstance(backward_passes_per_step, bool) or backward_passes_per_step < 1:
+            raise InvalidArgumentError(f"backward_passes_per_step must be an integer >= 1, "
+                                       f"got {backward_passes_per_step!r}")
+        self.optimizer = optimizer
+        self.stage = stage
+        self.process_set = process_set
+        self.shard_rank = rank() if process_set is None else process_set.rank()
+        self.shard_size = size() if process_set is None else process_set.size()
+        self.backward_passes_per_step = backward_passes_per_step
+        named = _named_trainable_parameters(optimizer, named_parameters, self.shard_rank)
+        self.parameter_names = [name for name, _ in named]
+        self.parameters = [parameter for _, parameter in named]
+        self.partition = Partition(
+            [_spec(name, p, self.shard_rank) for name, p in named], self.shard_size,
+            resolve_fusion_threshold(fusion_threshold), first_bucket_bytes)
+        existing = optimizer.state_dict() if optimizer.state else None
+        self.group_parameters = [list(group["params"]) for group in optimizer.param_groups]
+        self.pieces: list[Piece] = self.partition.pieces(self.shard_rank)
+        self.shards = [self.parameters[p.parameter].detach().view(-1)[p.start:p.stop]
+                       for p in self.pieces]
+        self.group_pieces = self._rebuild_groups()
+        self._pieces_of_bucket: list[list[int]] = [[] for _ in self.partition.buckets]
+        for position, piece in enumerate(self.pieces):
+            self._pieces_of_bucket[piece.bucket].append(position)
+        self._lock = threading.Lock()
+        self._synchronized = False
+        self._skip = False
+        self._consolidated: dict[str, Any] | None = None
+        self._reset_step()
+        self._hooks = [hook for index, p in enumerate(self.parameters)
+                       for hook in self._register_hooks(index, p)]
+        if existing is not None:
+            load_state_dict(self, existing)
+
+    # The wrapped optimizer, seen through this object.
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        """The wrapped optimizer's groups: the user's hyper-parameters, this rank's pieces."""
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = groups
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        """The wrapped optimizer's state: this rank's pieces only."""
+        return self.optimizer.state
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        """The wrapped optimizer's defaults."""
+        return self.optimizer.defaults
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Not supported: the partition is fixed when the optimizer is wrapped."""
+        raise UsageError("add_param_group() on a ShardedOptimizer: add the group to the "
+                         "optimizer before wrapping it")
+
+    def register_step_pre_hook(self, hook: Callable[..., Any]) -> Any:
+        """Registers ``hook`` on the wrapped optimizer."""
+        return self.optimizer.register_step_pre_hook(hook)
+
+    def register_step_post_hook(self, hook: Callable[..., Any]) -> Any:
+        """Registers ``hook`` on the wrapped optimizer."""
+        return self.optimizer.register_step_post_hook(hook)
+
+    def state_elements(self) -> int:
+        """Elements of the per-element state tensors this rank holds (all keys)."""
+        return sum(value.numel() for shard in self.shards
+                   for value in self.optimizer.state.get(shard, {}).values()
+                   if isinstance(value, torch.Tensor) and value.dim() > 0)
+
+    # The training step.
+    def synchronize(self) -> None:
+        """Launch the buckets still waiting (missing gradients count as zeros), wait for
+        all of them, and give every owned piece its averaged gradient (``.grad``)."""
+        with self._lock:
+            for bucket in self.partition.buckets[self._next_launch:]:
+                self._missing[bucket.index] = 0
+            self._launch_ready_buckets()
+            launched = self._launched
+            self._reset_step()
+        failure = None
+        for bucket_index, handle in launched:
+            try:
+                chunk = synchronize(handle)
+            except BaseException as error:  # the other buckets must still finish
+                if failure is None:
+                    error.add_note(f"while reducing {self.partition.buckets[bucket_index].name}")
+                    failure = error
+                continue
+            for position in self._pieces_of_bucket[bucket_index]:
+                piece = self.pieces[position]
+                self.shards[position].grad = chunk[piece.offset:piece.offset + piece.size]
+        if failure is not None:
+            raise failure
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """``step()`` inside this block does not synchronize (after :meth:`synchronize`)."""
+        self._skip = True
+        try:
+            yield
+        finally:
+            self._skip = False
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        """Synchronize (unless done already or inside :meth:`skip_synchronize`), step the
+        wrapped optimizer on this rank's pieces, then allgather the updated parameters.
+        A ``closure`` runs (with gradients enabled) before the synchronization."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if not self._synchronized and not self._skip:
+            self.synchronize()
+        self.optimizer.step()
+        self._synchronized = False
+        self._consolidated = None
+        self._gather_parameters()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the parameters' and the pieces' gradients.
+
+        Raises:
+            UsageError: called after ``backward()`` and before ``step()`` or
+                ``synchronize()`` (the gradients are being reduced).
+        """
+        if self._started:
+            raise UsageError(
+                f"rank {self.shard_rank}: optimizer.zero_grad() was called after "
+                f"loss.backward() but before optimizer.step() or optimizer.synchronize(): "
+                f"the gradients are being reduced; call zero_grad() before backward() or "
+                f"after step()")
+        for tensor in [*self.parameters, *self.shards]:
+            if tensor.grad is None:
+                continue
+            if set_to_none:
+                tensor.grad = None
+            else:
+                tensor.grad.detach_()
+                tensor.grad.zero_()
+        self._synchronized = False
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Scale the averaged gradients so that their norm over all ranks' shards is at
+        most ``max_norm``; synchronizes first if needed (then call ``step()``).
+
+        Each rank sums ``|g|^p`` over its pieces (each element is owned by exactly one
+        rank), one 8-byte allreduce adds the sums (``Max`` for the infinity norm).
+
+        Returns:
+            The total norm of the averaged gradients before clipping (a float64 tensor).
+        """
+        if not self._synchronized:
+            self.synchronize()
+        gradients = [s.grad for s in self.shards if s.grad is not None]
+        norm_type = float(norm_type)
+        if norm_type == float("inf"):
+            local = max((float(g.abs().max()) for g in gradients if g.numel()), default=0.0)
+            total = float(allreduce(np.array([local]), op=Max, name="sharded gradient norm",
+                                    process_set=self.process_set)[0])
+        else:
+            local = sum(float(g.double().abs().pow(norm_type).sum()) for g in gradients)
+            total = float(allreduce(np.array([local]), op=Sum, name="sharded gradient norm",
+                                    process_set=self.process_set)[0]) ** (1.0 / norm_type)
+        coefficient = float(max_norm) / (total + 1e-6)
+        if coefficient < 1.0:
+            for gradient in gradients:
+                gradient.mul_(coefficient)
+        return torch.tensor(total, dtype=torch.float64)
+
+    # State.
+    def state_dict(self, consolidate: bool | None = None,  # type: ignore[override]
+                   to_rank: int = 0) -> dict[str, Any] | None:
+        """The optimizer's state.
+
+        Args:
+            consolidate: True: the whole state, as an unsharded torch optimizer of the
+                same parameters would save it, on ``to_rank`` (None on the other ranks);
+                collective: every rank of the process set must call it. False: this
+                rank's shard (no communication). None (default): the consolidated state
+                :meth:`consolidate_state_dict` left on this rank if no step came since,
+                else the shard.
+            to_rank: the rank (in the process set) that receives the consolidated state.
+        """
+        if consolidate:
+            return consolidated_state_dict(self, self._check_rank(to_rank))
+        if consolidate is None and self._consolidated is not None:
+            return self._consolidated
+        return shard_state_dict(self)
+
+    def consolidate_state_dict(self, to_rank: int = 0) -> None:
+        """Gather the whole state onto ``to_rank``, where the next ``state_dict()`` returns
+        it until the next ``step()``; collective. Call it on every rank before code that
+        calls ``state_dict()`` on one rank only, e.g. ``ringtrain.elastic.State.commit()``."""
+        self._consolidated = consolidated_state_dict(self, self._check_rank(to_rank))
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a consolidated state (any number of ranks saved it; a plain torch
+        optimizer's ``state_dict()`` of the same parameters too) or this rank's shard.
+
+        Raises:
+            InvalidArgumentError: another rank's or partition's shard, or a state that
+                does not fit the parameters; nothing is loaded.
+        """
+        load_state_dict(self, state_dict)
+        self._consolidated = None
+
+    def remove_hooks(self) -> None:
+        """Detach the gradient hooks from the parameters (the wrapper stops working)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    def __repr__(self) -> str:
+        return (f"TorchShardedOptimizer(stage {self.stage}, rank {self.shard_rank} of "
+                f"{self.shard_size}: {self.partition.elements(self.shard_rank)} of "
+                f"{self.partition.total} elements in {len(self.pieces)} pieces, "
+                f"{self.optimizer!r})")
+
+    def __getstate__(self) -> Any:
+        raise TypeError("a ShardedOptimizer cannot be pickled; save state_dict() instead")
+
+    # Internals.
+    def _check_rank(self, to_rank: int) -> int:
+        if not isinstance(to_rank, int) or not 0 <= to_rank < self.shard_size:
+            raise InvalidArgumentError(
+                f"rank {self.shard_rank}: to_rank must be a rank in 0..{self.shard_size - 1}, "
+                f"got {to_rank!r}")
+        return to_rank
+
+    def _rebuild_groups(self) -> list[list[int]]:
+        """Put this rank's pieces in place of the parameters in the wrapped optimizer's
+        groups; returns the piece positions of each group."""
+        group_of = {id(p): g for g, params in enumerate(self.group_parameters) for p in params}
+        positions: list[list[int]] = [[] for _ in self.group_parameters]
+        for position, piece in enumerate(self.pieces):
+            positions[group_of[id(self.parameters[piece.parameter])]].append(position)
+        for group, owned in zip(self.optimizer.param_groups, positions):
+            group["params"] = [self.shards[p] for p in owned]
+        self.optimizer.state.clear()
+        return positions
+
+    def _register_hooks(self, index: int, parameter: torch.Tensor) -> list[Any]:
+        def before_accumulation(gradient: torch.Tensor) -> None:
+            if self._passes[index] >= self.backward_passes_per_step:
+                raise UsageError(
+                    f"rank {self.shard_rank}: gradient {self.parameter_names[index]!r} was "
+                    f"computed {self._passes[index] + 1} times before step() or "
+                    f"synchronize(), but backward_passes_per_step is "
+                    f"{self.backward_passes_per_step}")
+
+        def after_accumulation(parameter: torch.Tensor) -> None:
+            self._mark_ready(index)
+
+        return [parameter.register_hook(before_accumulation),
+                parameter.register_post_accumulate_grad_hook(after_accumulation)]
+
+    def _mark_ready(self, index: int) -> None:
+        with self._lock:
+            self._started = True
+            self._synchronized = False
+            self._passes[index] += 1
+            if self._passes[index] < self.backward_passes_per_step:
+                return
+            bucket = self.partition.bucket_of[index]
+            self._missing[bucket] -= 1
+            if bucket == self._next_launch and not self._missing[bucket]:
+                self._launch_ready_buckets()
+
+    def _launch_ready_buckets(self) -> None:
+        buckets = self.partition.buckets
+        while self._next_launch < len(buckets) and not self._missing[self._next_launch]:
+            bucket = buckets[self._next_launch]
+            first = self.parameters[bucket.members[0]]
+            alone = first.grad if len(bucket.members) == 1 else None
+            if alone is not None and alone.is_contiguous():
+                # Reduce-scattered where it lies: the collective only reads its input.
+                buffer = alone.detach().view(-1)
+                if self.stage == 2:
+                    first.grad = None
+                self._launch(bucket, buffer)
+                continue
+            buffer = torch.empty(bucket.total, dtype=first.dtype, device=first.device)
+            for member, offset in zip(bucket.members, bucket.offsets):
+                parameter = self.parameters[member]
+                target = buffer[offset:offset + parameter.numel()]
+                if parameter.grad is None:
+                    target.zero_()
+                else:
+                    target.copy_(parameter.grad.detach().reshape(-1))
+                    if self.stage == 2:
+                        parameter.grad = None
+            self._launch(bucket, buffer)
+
+    def _launch(self, bucket: ShardBucket, buffer: torch.Tensor) -> None:
+        handle = reducescatter_async(buffer, op=Average, name=bucket.name,
+                                     process_set=self.process_set)
+        self._launched.append((bucket.index, handle))
+        self._next_launch += 1
+
+    def _reset_step(self) -> None:
+        self._started = False
+        self._next_launch = 0
+        self._launched: list[tuple[int, Any]] = []
+        self._passes = [0] * len(self.parameters)
+        self._missing = [len(bucket.members) for bucket in self.partition.buckets]
+
+    def _gather_parameters(self) -> None:
+        """Allgather every bucket's updated chunks into the parameters, two buckets in
+        flight at a time (so at most two buckets' gathered copies exist at once)."""
+        buckets = self.partition.buckets
+        handles: list[Any] = []
+
+        def launch(index: int) -> None:
+            bucket = buckets[index]
+            owned = [self.shards[p].detach() for p in self._pieces_of_bucket[index]]
+            if owned:
+                chunk = owned[0] if len(owned) == 1 else torch.cat(owned)
+            else:
+                first = self.parameters[bucket.members[0]]
+                chunk = torch.empty(0, dtype=first.dtype, device=first.device)
+            handles.append(allgather_async(chunk, name=f"{bucket.name} parameters",
+                                           process_set=self.process_set))
+
+        if buckets:
+            launch(0)
+        for index, bucket in enumerate(buckets):
+            if index + 1 < len(buckets):
+                launch(index + 1)
+            flat = synchronize(handles[index])
+            handles[index] = None
+            for member, offset in zip(bucket.members, bucket.offsets):
+                parameter = self.parameters[member]
+                parameter.detach().view(-1).copy_(flat[offset:offset + parameter.numel()])
+
+
+def _named_trainable_parameters(optimizer: torch.optim.Optimizer,
+                                named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+                                shard_rank: int) -> list[tuple[str, torch.Tensor]]:
+    """The optimizer's parameters that need gradients, named, in the model's order."""
+    in_optimizer = [p for group in optimizer.param_groups for p in group["params"]]
+    if named_parameters is None:
+        positions = [(g, i) for g, group in enumerate(optimizer.param_groups)
+                     for i in range(len(group["params"]))]
+        named = [(f"param_groups[{g}][{i}]", p) for (g, i), p in zip(positions, in_optimizer)]
+    else:
+        named = list(named_parameters)
+        repeated = repeated_names(name for name, _ in named)
+        if repeated:
+            raise InvalidArgumentError(
+                f"rank {shard_rank}: named_parameters repeats the name(s) "
+                f"{', '.join(map(repr, repeated))}; every parameter needs a name of its own")
+        named_ids = {id(p) for _, p in named}
+        unnamed = [p for p in in_optimizer if id(p) not in named_ids]
+        if unnamed:
+            shapes = ", ".join(str(tuple(p.shape)) for p in unnamed[:5])
+            raise InvalidArgumentError(
+                f"rank {shard_rank}: {len(unnamed)} parameter(s) of the optimizer are "
+                f"missing from named_parameters (shapes {shapes}"
+                f"{', ...' if len(unnamed) > 5 else ''}); pass model.named_parameters() of "
+                f"the model the optimizer trains")
+        wanted = {id(p) for p in in_optimizer}
+        named = [(name, p) for name, p in named if id(p) in wanted]
+    seen: set[int] = set()
+    trainable = []
+    for name, parameter in named:
+        if parameter.requires_grad and id(parameter) not in seen:
+            seen.add(id(parameter))
+            trainable.append((name, parameter))
+    return trainable
+
+
+def _spec(name: str, parameter: torch.Tensor, shard_rank: int) -> GradientSpec:
+    """What the partition needs of a parameter, after checking it can be sharded."""
+    if parameter.device.type not in ("cpu", "cuda") or parameter.dtype not in _FLOATING:
+        raise UnsupportedDtypeError(
+            f"rank {shard_rank}: ShardedOptimizer parameter {name!r} is {parameter.dtype} "
+            f"on {parameter.device}; it shards float32, float64, float16 and bfloat16 "
+            f"parameters on the CPU or a CUDA device")
+    if not parameter.is_contiguous():
+        raise InvalidArgumentError(
+            f"rank {shard_rank}: ShardedOptimizer parameter {name!r} (shape "
+            f"{tuple(parameter.shape)}) is not contiguous; its pieces are views of its "
+            f"memory")
+    return GradientSpec(name, tuple(int(n) for n in parameter.shape),
+                        numpy_dtype(parameter.dtype))

@@ -1,0 +1,134 @@
+"""Which rank owns which elements of the parameters: the partition of a ShardedOptimizer.
+
+Parameters are grouped into buckets exactly as the DistributedOptimizer groups its
+gradients (:func:`~ringtrain.trainer._buckets.assign_buckets`: one dtype per bucket, the
+last layers first, large tensors alone). Each bucket is a flat array (its parameters
+flattened and concatenated, no padding) split into N contiguous chunks the way
+``reducescatter`` splits axis 0 (``numpy.array_split``: the first ``T mod N`` chunks one
+element longer). Rank r owns chunk r of every bucket, so the reduce-scatter of a
+bucket's gradients hands every rank exactly the gradients of the elements it owns, and
+the allgather of the owned chunks rebuilds the bucket.
+
+A parameter may therefore span several ranks; the part of a parameter in one rank's
+chunk is a :class:`Piece`. Every rank owns ``floor(T/N)`` or ``ceil(T/N)`` elements of
+every bucket of ``T`` elements: ranks differ by at most one element per bucket, and none
+owns more than ``ceil(total/N) + buckets - 1`` elements. The partition depends only on
+the parameters' names, shapes and dtypes, the bucket settings and N, so every rank
+computes the same one without communicating.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from ._buckets import GradientSpec, assign_buckets
+
+_NAMES_SHOWN = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """The elements ``[start, stop)`` of flattened parameter ``parameter`` that one rank
+    owns; they lie at ``offset`` in that rank's chunk of bucket ``bucket``."""
+
+    parameter: int
+    bucket: int
+    start: int
+    stop: int
+    offset: int
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return self.stop - self.start
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardBucket:
+    """Parameters reduced and gathered as one flat array.
+
+    Attributes:
+        index: position in launch order.
+        name: names the bucket's collectives (the same on every rank for the same model).
+        members: parameter indices, in the flat array's order.
+        offsets: where each member starts in the flat array.
+        total: elements in the flat array.
+        bounds: ``bounds[r]:bounds[r + 1]`` is rank r's chunk.
+    """
+
+    index: int
+    name: str
+    members: tuple[int, ...]
+    offsets: tuple[int, ...]
+    total: int
+    bounds: tuple[int, ...]
+    dtype: np.dtype
+
+
+def chunk_bounds(total: int, size: int) -> tuple[int, ...]:
+    """``numpy.array_split``'s bounds of ``total`` elements in ``size`` chunks."""
+    base, extra = divmod(total, size)
+    return tuple(r * base + min(r, extra) for r in range(size + 1))
+
+
+class Partition:
+    """The buckets of a model's parameters and the pieces each of N ranks owns.
+
+    Args:
+        specs: name, shape and dtype of each parameter, in the model's order.
+        size: number of ranks sharing the model.
+        fusion_threshold: bucket size limit in bytes (0: one bucket per parameter).
+        first_bucket_bytes: the first bucket's limit.
+    """
+
+    def __init__(self, specs: Sequence[GradientSpec], size: int, fusion_threshold: int,
+                 first_bucket_bytes: int):
+        self.specs = list(specs)
+        self.size = size
+        groups = assign_buckets(self.specs, fusion_threshold, first_bucket_bytes)
+        self.buckets: list[ShardBucket] = []
+        for index, members in enumerate(groups):
+            members = sorted(members)
+            sizes = [int(np.prod(self.specs[m].shape, dtype=np.int64)) for m in members]
+            offsets = tuple(int(o) for o in np.cumsum([0] + sizes[:-1]))
+            total = int(sum(sizes))
+            names = [self.specs[m].name for m in members]
+            more = f", +{len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else ""
+            name = (f"sharded bucket {index + 1}/{len(groups)} "
+                    f"[{', '.join(names[:_NAMES_SHOWN])}{more}]")
+            self.buckets.append(ShardBucket(index, name, tuple(members), offsets, total,
+                                            chunk_bounds(total, size),
+                                            self.specs[members[0]].dtype))
+        self.bucket_of = [0] * len(self.specs)
+        for bucket in self.buckets:
+            for member in bucket.members:
+                self.bucket_of[member] = bucket.index
+
+    @property
+    def total(self) -> int:
+        """Elements of all parameters."""
+        return sum(bucket.total for bucket in self.buckets)
+
+    def pieces(self, rank: int) -> list[Piece]:
+        """The pieces rank ``rank`` owns, bucket by bucket, in chunk order."""
+        owned = []
+        for bucket in self.buckets:
+            low, high = bucket.bounds[rank], bucket.bounds[rank + 1]
+            for member, offset in zip(bucket.members, bucket.offsets):
+                size = int(np.prod(self.specs[member].shape, dtype=np.int64))
+                first, last = max(low, offset), min(high, offset + size)
+                if first < last:
+                    owned.append(Piece(member, bucket.index, first - offset, last - offset,
+                                       first - low))
+        return owned
+
+    def elements(self, rank: int) -> int:
+        """How many elements rank ``rank`` owns."""
+        return sum(b.bounds[rank + 1] - b.bounds[rank] for b in self.buckets)
+
+    def __repr__(self) -> str:
+        return (f"Partition({len(self.specs)} parameters, {self.total} elements in "
+                f"{len(self.buckets)} buckets over {self.size} ranks)")
