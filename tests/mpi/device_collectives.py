@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -345,6 +346,17 @@ def bad_device_input_is_refused():
         strided = HostBackedDeviceArray(np.ones(8, np.float32), strides=(8,))
         expect_raises(rt.InvalidArgumentError, rt.allreduce, strided, name="strided",
                       match=["'strided'", "contiguous"])
+        if rt.size() > 1:
+            # Refused on the last rank only: it raises its own error, the others a
+            # MismatchError naming it, within a second, never a hang.
+            last = rt.size() - 1
+            mine = strided if rt.rank() == last else HostBackedDeviceArray(np.ones(4, np.float32))
+            started = time.perf_counter()
+            expect_raises(rt.InvalidArgumentError if rt.rank() == last else rt.MismatchError,
+                          rt.allreduce_, mine, name="strided",
+                          match=["'strided'", "contiguous" if rt.rank() == last
+                                 else f"rank {last} refused the call"])
+            assert time.perf_counter() - started < 1.0
     if rt.size() > 1:
         kind, (down, up, _) = next(iter(KINDS.items()))
         tensor = down(np.ones(4, np.float32)) if rt.rank() == 0 else np.ones(4, np.float32)
