@@ -245,12 +245,18 @@ def returns_itself(tensor: Any) -> Restore | None:
     return lambda _: same
 
 
+def torch_from_host(array: np.ndarray) -> Any:
+    """A torch CPU tensor over a host array's memory (no copy); ``ml_dtypes.bfloat16``
+    arrays become bfloat16 tensors."""
+    torch = sys.modules["torch"]
+    if array.dtype == BFLOAT16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
 def _as_torch(result: Any) -> Any:
     if isinstance(result, np.ndarray):
-        torch = sys.modules["torch"]
-        if result.dtype == BFLOAT16:
-            return torch.from_numpy(result.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(result)
+        return torch_from_host(result)
     if isinstance(result, TorchBfloat16Memory):
         return result.tensor
     if isinstance(result, (list, tuple)):

@@ -15,7 +15,9 @@ The contract:
 - :func:`phase` records a phase of the call in progress on the timeline.
 - :func:`device_tensor` describes a tensor in GPU memory (None for host tensors), and
   :func:`on_device` is the context a call on it runs in (its GPU current, its producer
-  stream finished).
+  stream finished); :func:`is_torch_tensor`, :func:`torch_view` (a torch CPU tensor as a
+  numpy array, bfloat16 as ``ml_dtypes.bfloat16``, no copy) and :func:`torch_from_host`
+  (back) are how the collectives see torch tensors.
 - :func:`resolve_group` gives the group of a process set, :func:`end_of_sequence` closes
   a sequence of collectives that every rank must have made alike, :data:`COPY_DTYPES`
   are the dtypes the collectives move.
@@ -27,7 +29,7 @@ from collections.abc import Callable
 from typing import Any, ContextManager
 
 from ._allreduce_run import reduce_fused, reduce_planned
-from ._buffers import DeviceTensor, device_tensor
+from ._buffers import DeviceTensor, device_tensor, is_torch_tensor, torch_from_host, torch_view
 from ._calls import execute
 from ._executor import Handle
 from ._memory import STAGED
@@ -40,8 +42,9 @@ from ._tracing import phase
 
 __all__ = [
     "AllreducePlan", "COPY_DTYPES", "DeviceTensor", "Handle", "allreduce_plan",
-    "device_tensor", "end_of_sequence", "execute", "on_device", "phase", "reduce_fused",
-    "reduce_planned", "resolve_group", "submit",
+    "device_tensor", "end_of_sequence", "execute", "is_torch_tensor", "on_device", "phase",
+    "reduce_fused", "reduce_planned", "resolve_group", "submit", "torch_from_host",
+    "torch_view",
 ]
 
 

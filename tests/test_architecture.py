@@ -8,6 +8,7 @@ so a cycle hidden behind an import placed in a function is found too.
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,10 @@ def test_collectives_and_kernels_do_not_import_upwards() -> None:
     kernels_up = {m: sorted(t for t in GRAPH[m] if t.startswith("ringtrain.collectives"))
                   for m in MODULES if m.startswith("ringtrain.kernels")}
     assert not {m: t for m, t in kernels_up.items() if t}
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.endswith("__main__")))
+def test_every_module_imports(module: str) -> None:
+    """Catches a name imported from a module that no longer defines it, which the
+    import graph above cannot see."""
+    importlib.import_module(module)

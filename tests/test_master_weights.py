@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from ringtrain.collectives import engine  # noqa: E402
 from ringtrain.collectives.errors import InvalidArgumentError  # noqa: E402
 from ringtrain.kernels import BFLOAT16 as BF16  # noqa: E402
 from ringtrain.trainer import _dtypes  # noqa: E402
@@ -48,13 +49,14 @@ def train_step(net: torch.nn.Module, masters: MasterWeights, optimizer, seed: in
 
 def test_bfloat16_tensors_are_viewed_without_a_copy():
     tensor = torch.tensor([1.0, -2.5, 3.0], dtype=torch.bfloat16)
-    array = _dtypes.host_array(tensor)
+    array = engine.torch_view(tensor, "allreduce", "t")
     assert array.dtype == BF16
     array[1] = 7.0
     assert tensor[1].item() == 7.0
-    back = _dtypes.torch_tensor(array)
+    back = engine.torch_from_host(array)
     assert back.dtype == torch.bfloat16 and back.data_ptr() == tensor.data_ptr()
-    assert _dtypes.host_array(torch.ones(2)).dtype == np.float32
+    assert engine.torch_view(torch.ones(2), "allreduce", "t").dtype == np.float32
+    assert engine.is_torch_tensor(tensor) and not engine.is_torch_tensor(array)
 
 
 def test_numpy_dtypes_of_torch_dtypes():

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..collectives import Max, allreduce_
+from ..collectives.engine import is_torch_tensor
 from ..collectives.errors import InvalidArgumentError
 from ..kernels import (BFLOAT16, abs_max, decode_bfloat, decode_half, empty_like,
                        is_floating, scale_into)
@@ -127,14 +128,9 @@ class DynamicLossScaler:
         return f"DynamicLossScaler(scale={self._scale}, skipped_steps={self.skipped_steps})"
 
 
-def _is_torch_tensor(value: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.Tensor)
-
-
 def _nonfinite(gradient: Any) -> bool:
     """Whether ``gradient`` (an array, or a torch CUDA tensor) holds inf or NaN."""
-    if _is_torch_tensor(gradient):
+    if is_torch_tensor(gradient):
         return not bool(sys.modules["torch"].isfinite(gradient).all())
     dtype = dtype_of(gradient)
     if dtype in (np.float32, np.float64):
@@ -148,7 +144,7 @@ def _nonfinite(gradient: Any) -> bool:
 
 def _unscale(gradient: Any, factor: float) -> None:
     """Multiply a floating ``gradient`` by ``factor`` in place."""
-    if _is_torch_tensor(gradient):
+    if is_torch_tensor(gradient):
         if gradient.is_floating_point():
             gradient.mul_(factor)
     elif is_floating(dtype_of(gradient)):

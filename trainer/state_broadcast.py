@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..collectives import ProcessSet, broadcast_, broadcast_object, rank
-from ..collectives.engine import COPY_DTYPES, end_of_sequence
+from ..collectives.engine import COPY_DTYPES, end_of_sequence, is_torch_tensor
 from ..collectives.errors import InvalidArgumentError, subject
 
 
@@ -168,16 +168,11 @@ def _named(params: Mapping[str, Any] | Iterable[Any]) -> list[tuple[str, Any]]:
             for index, item in enumerate(params)]
 
 
-def _is_torch_tensor(value: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.Tensor)
-
-
 def _is_tensor(value: Any) -> bool:
     """A torch tensor, or a numpy array of numbers (an object array is a pickled value)."""
     if isinstance(value, np.ndarray):
         return not value.dtype.hasobject
-    return _is_torch_tensor(value)
+    return is_torch_tensor(value)
 
 
 def _map_tensors(tree: Any, function: Callable[[str, Any], Any], path: str = "") -> Any:
@@ -202,7 +197,7 @@ def _broadcast_tensor(tensor: Any, root_rank: int, name: str,
     """Broadcast one torch tensor or numpy array in place; return it."""
     device_tensor = None
     array = tensor
-    if _is_torch_tensor(tensor):
+    if is_torch_tensor(tensor):
         host = tensor.detach()
         if host.device.type != "cpu":
             # The collectives move host (numpy) arrays: a device tensor travels as a

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from ..collectives import Average, Compression, Compressor, ProcessSet, ReduceOp
-from ..collectives.engine import device_tensor
+from ..collectives.engine import device_tensor, torch_view
 from ..collectives.errors import InvalidArgumentError, UnsupportedDtypeError, UsageError, subject
-from ._dtypes import host_array, numpy_dtype
+from ._dtypes import numpy_dtype
 from ._names import repeated_names
 from ._synchronized import SynchronizedSteps
 from .gradient_reducer import GradientReducer, predivide_factors
@@ -318,7 +318,7 @@ def _array_of(gradient: Any) -> Any:
         return gradient
     gradient = gradient.detach()
     if gradient.device.type == "cpu":
-        return host_array(gradient)
+        return torch_view(gradient, "allreduce_", None)
     if gradient.dtype == torch.bfloat16:
         return device_tensor(gradient, "allreduce_", None, in_place=True).memory
     return gradient
@@ -328,7 +328,7 @@ def _gradient_array(gradient: torch.Tensor) -> Any:
     """A gradient as :meth:`TorchDistributedOptimizer.gradient_arrays` gives it: a numpy
     view on the CPU, the detached tensor on a GPU."""
     gradient = gradient.detach()
-    return host_array(gradient) if gradient.device.type == "cpu" else gradient
+    return torch_view(gradient, "allreduce_", None) if gradient.device.type == "cpu" else gradient
 
 
 def _numpy_spec(name: str, parameter: torch.Tensor) -> np.ndarray:

@@ -30,9 +30,9 @@ from typing import Any
 import torch
 
 from ... import collectives
+from ...collectives.engine import torch_from_host, torch_view
 from ...collectives.errors import UsageError
 from ...kernels.compression import Compressor as WireCompressor
-from .._dtypes import host_array, torch_tensor
 from .._names import repeated_names
 from ..torch_optimizer import TorchDistributedOptimizer
 from . import _adasum as adasum
@@ -272,10 +272,10 @@ class _AdasumOptimizer(_HorovodOptimizer):
         for dtype, members in sorted(by_dtype.items(), key=lambda item: str(item[0])):
             flat = torch.cat([deltas[i].reshape(-1).cpu() for i in members])
             wire, context = self._compression.compress(flat)
-            rows = collectives.allgather(host_array(wire).reshape(1, -1),
-                                         name=f"adasum deltas ({dtype})",
-                                         process_set=self.process_set)
-            everyone = self._compression.decompress(torch_tensor(rows), context)
+            name = f"adasum deltas ({dtype})"
+            rows = collectives.allgather(torch_view(wire, "allgather", name).reshape(1, -1),
+                                         name=name, process_set=self.process_set)
+            everyone = self._compression.decompress(torch_from_host(rows), context)
             offset = 0
             for i in members:
                 size = deltas[i].numel()
