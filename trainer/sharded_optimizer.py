@@ -35,7 +35,7 @@ from ..collectives.errors import InvalidArgumentError, UnsupportedDtypeError, Us
 from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec
 from ._buckets import fusion_threshold as resolve_fusion_threshold
 from ._dtypes import numpy_dtype
-from ._names import repeated_names
+from .torch_optimizer import named_trainable_parameters
 from .sharded_partition import Partition, Piece, ShardBucket
 from .sharded_state import consolidated_state_dict, load_state_dict, shard_state_dict
 
@@ -90,7 +90,8 @@ class TorchShardedOptimizer(torch.optim.Optimizer):
         self.shard_rank = rank() if process_set is None else process_set.rank()
         self.shard_size = size() if process_set is None else process_set.size()
         self.backward_passes_per_step = backward_passes_per_step
-        named = _named_trainable_parameters(optimizer, named_parameters, self.shard_rank)
+        named = named_trainable_parameters(optimizer, named_parameters,
+                                           f"rank {self.shard_rank}: ")
         self.parameter_names = [name for name, _ in named]
         self.parameters = [parameter for _, parameter in named]
         self.partition = Partition(
@@ -420,42 +421,6 @@ class TorchShardedOptimizer(torch.optim.Optimizer):
             for member, offset in zip(bucket.members, bucket.offsets):
                 parameter = self.parameters[member]
                 parameter.detach().view(-1).copy_(flat[offset:offset + parameter.numel()])
-
-
-def _named_trainable_parameters(optimizer: torch.optim.Optimizer,
-                                named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
-                                shard_rank: int) -> list[tuple[str, torch.Tensor]]:
-    """The optimizer's parameters that need gradients, named, in the model's order."""
-    in_optimizer = [p for group in optimizer.param_groups for p in group["params"]]
-    if named_parameters is None:
-        positions = [(g, i) for g, group in enumerate(optimizer.param_groups)
-                     for i in range(len(group["params"]))]
-        named = [(f"param_groups[{g}][{i}]", p) for (g, i), p in zip(positions, in_optimizer)]
-    else:
-        named = list(named_parameters)
-        repeated = repeated_names(name for name, _ in named)
-        if repeated:
-            raise InvalidArgumentError(
-                f"rank {shard_rank}: named_parameters repeats the name(s) "
-                f"{', '.join(map(repr, repeated))}; every parameter needs a name of its own")
-        named_ids = {id(p) for _, p in named}
-        unnamed = [p for p in in_optimizer if id(p) not in named_ids]
-        if unnamed:
-            shapes = ", ".join(str(tuple(p.shape)) for p in unnamed[:5])
-            raise InvalidArgumentError(
-                f"rank {shard_rank}: {len(unnamed)} parameter(s) of the optimizer are "
-                f"missing from named_parameters (shapes {shapes}"
-                f"{', ...' if len(unnamed) > 5 else ''}); pass model.named_parameters() of "
-                f"the model the optimizer trains")
-        wanted = {id(p) for p in in_optimizer}
-        named = [(name, p) for name, p in named if id(p) in wanted]
-    seen: set[int] = set()
-    trainable = []
-    for name, parameter in named:
-        if parameter.requires_grad and id(parameter) not in seen:
-            seen.add(id(parameter))
-            trainable.append((name, parameter))
-    return trainable
 
 
 def _spec(name: str, parameter: torch.Tensor, shard_rank: int) -> GradientSpec:

@@ -81,7 +81,7 @@ class TorchDistributedOptimizer(SynchronizedSteps, torch.optim.Optimizer):
             raise InvalidArgumentError(
                 f"master_weights must be True or False, got {master_weights!r}")
         self.optimizer = optimizer
-        self._parameters = _named_trainable_parameters(optimizer, named_parameters)
+        self._parameters = named_trainable_parameters(optimizer, named_parameters)
         prescale, postscale = predivide_factors(op, gradient_predivide_factor)
         self._reducer = GradientReducer(
             [(name, _numpy_spec(name, p)) for name, p in self._parameters],
@@ -273,11 +273,17 @@ class TorchDistributedOptimizer(SynchronizedSteps, torch.optim.Optimizer):
         return run
 
 
-def _named_trainable_parameters(
+def named_trainable_parameters(
         optimizer: torch.optim.Optimizer,
         named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+        where: str = "",
 ) -> list[tuple[str, torch.Tensor]]:
-    """The optimizer's parameters that need gradients, named, in the model's order."""
+    """The optimizer's parameters that need gradients, named, in the model's order.
+
+    Raises:
+        InvalidArgumentError: ``named_parameters`` repeats a name or misses a parameter
+            of ``optimizer`` (the message starts with ``where``, e.g. ``"rank 2: "``).
+    """
     in_optimizer = [p for group in optimizer.param_groups for p in group["params"]]
     if named_parameters is None:
         positions = [(g, i) for g, group in enumerate(optimizer.param_groups)
@@ -289,14 +295,14 @@ def _named_trainable_parameters(
         repeated = sorted(repeated_names(names))
         if repeated:
             raise InvalidArgumentError(
-                f"named_parameters repeats the name(s) {', '.join(map(repr, repeated))}; "
-                f"every parameter needs a name of its own")
+                f"{where}named_parameters repeats the name(s) "
+                f"{', '.join(map(repr, repeated))}; every parameter needs a name of its own")
         named_ids = {id(p) for _, p in named}
         unnamed = [p for p in in_optimizer if id(p) not in named_ids]
         if unnamed:
             shapes = ", ".join(str(tuple(p.shape)) for p in unnamed[:5])
             raise InvalidArgumentError(
-                f"{len(unnamed)} parameter(s) of the optimizer are missing from "
+                f"{where}{len(unnamed)} parameter(s) of the optimizer are missing from "
                 f"named_parameters (shapes {shapes}{', ...' if len(unnamed) > 5 else ''}); "
                 f"pass model.named_parameters() of the model the optimizer trains")
         wanted = {id(p) for p in in_optimizer}
