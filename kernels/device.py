@@ -61,12 +61,16 @@ if SIMULATED:
         raw = (ctypes.c_char * itemsize).from_address(int(address) + int(index) * itemsize)
         return np.frombuffer(raw, like.dtype)[0]
 
-    def store(address, index, value):
-        """Write ``value`` as element ``index`` of the array starting at ``address``."""
-        value = np.asarray(value)
-        raw = (ctypes.c_char * value.itemsize).from_address(
-            int(address) + int(index) * value.itemsize)
-        np.frombuffer(raw, value.dtype)[0] = value
+    def store(address, index, value, like):
+        """Write ``value`` as element ``index`` of the ``like.dtype`` array starting at
+        ``address``."""
+        itemsize = like.dtype.itemsize
+        raw = (ctypes.c_char * itemsize).from_address(int(address) + int(index) * itemsize)
+        np.frombuffer(raw, like.dtype)[0] = value
+
+    def widened(value):
+        """float16 ``value`` as float32 (exactly); any other value as it is."""
+        return np.float32(value) if isinstance(value, np.float16) else value
 
     def multiply_rn(x, y):
         """``x * y`` rounded on its own."""
@@ -87,15 +91,33 @@ else:
         return element(address, index, like), codegen
 
     @intrinsic
-    def store(typingctx, address, index, value):
-        """Write ``value`` as element ``index`` of the array starting at ``address``."""
+    def store(typingctx, address, index, value, like):
+        """Write ``value`` as element ``index`` of the ``like.dtype`` array starting at
+        ``address``."""
+        element = like.dtype
 
         def codegen(context, builder, signature, args):
-            pointer = builder.inttoptr(args[0], context.get_value_type(value).as_pointer())
-            builder.store(args[2], builder.gep(pointer, [args[1]]))
+            pointer = builder.inttoptr(args[0], context.get_value_type(element).as_pointer())
+            stored = context.cast(builder, args[2], value, element)
+            builder.store(stored, builder.gep(pointer, [args[1]]))
             return context.get_dummy_value()
 
-        return types.void(address, index, value), codegen
+        return types.void(address, index, value, like), codegen
+
+    @intrinsic
+    def widened(typingctx, value):
+        """float16 ``value`` as float32 (exactly); any other value as it is.
+
+        float16 arithmetic in numba's CUDA target calls functions linked in from C++, and a
+        kernel linked so cannot be cached. A float32 product, sum or quotient of float16
+        values rounded to float16 is the correctly rounded float16 result (float32 has more
+        than twice float16's precision plus two bits), as on the host."""
+        result = types.float32 if value == types.float16 else value
+
+        def codegen(context, builder, signature, args):
+            return context.cast(builder, args[0], value, result)
+
+        return result(value), codegen
 
     # A product that the compiler may not fuse with the add after it into one FMA
     # (which rounds once where the host twin rounds twice).
@@ -126,10 +148,12 @@ def _pack_kernel(tasks, offsets, addresses, buffer, scale, scaled):
         else:
             address, base = addresses[tensor], offsets[tensor] + start
             for i in range(cuda.threadIdx.x, count, cuda.blockDim.x):
-                value = load(address, start + i, buffer)
+                # apart: a value through float32 would lose a float16 NaN's payload
                 if scaled:
-                    value *= scale
-                buffer[base + i] = value
+                    buffer[base + i] = widened(load(address, start + i, buffer)) * \
+                        widened(scale)
+                else:
+                    buffer[base + i] = load(address, start + i, buffer)
 
 
 @_kernel
@@ -139,10 +163,11 @@ def _unpack_kernel(tasks, offsets, addresses, buffer, scale, scaled):
         if tensor >= 0:
             address, base = addresses[tensor], offsets[tensor] + start
             for i in range(cuda.threadIdx.x, count, cuda.blockDim.x):
-                value = buffer[base + i]
                 if scaled:
-                    value *= scale
-                store(address, start + i, value)
+                    store(address, start + i, widened(buffer[base + i]) * widened(scale),
+                          buffer)
+                else:
+                    store(address, start + i, buffer[base + i], buffer)
 
 
 def _encoder(to_bits: Callable, from_bits: Callable) -> tuple[Callable, Callable]:
@@ -204,7 +229,7 @@ def _unpack_bfloat_kernel(tasks, offsets, addresses, buffer, scale):
         if tensor >= 0:
             address, base = addresses[tensor], offsets[tensor] + start
             for i in range(cuda.threadIdx.x, count, cuda.blockDim.x):
-                store(address, start + i, _scaled_bfloat(buffer[base + i], scale))
+                store(address, start + i, _scaled_bfloat(buffer[base + i], scale), buffer)
 
 
 def _reducer_16(to_bits: Callable, from_bits: Callable) -> Callable:
@@ -235,7 +260,7 @@ _reduce_bfloat = _reducer_16(_bfloat_from_float, _float_from_bfloat)
 @_kernel
 def _reduce_native(a, b, out, op):
     for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        x, y = a[i], b[i]
+        x, y = widened(a[i]), widened(b[i])
         if op == 0:
             out[i] = x + y
         elif op == 3:
@@ -249,13 +274,13 @@ def _reduce_native(a, b, out, op):
 @_kernel
 def _scale_kernel(a, factor, out):
     for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        out[i] = a[i] * factor
+        out[i] = widened(a[i]) * widened(factor)
 
 
 @_kernel
 def _divide_kernel(a, divisor, out):
     for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        out[i] = a[i] / divisor
+        out[i] = widened(a[i]) / widened(divisor)
 
 
 @_kernel

@@ -5,6 +5,11 @@ The simulator runs the kernels' Python source, and so cannot catch what only num
 compiler sees: typing on the device (raw-address loads and stores, rounding intrinsics,
 numpy scalar types). ``cuda.compile_ptx`` needs no GPU, only NVVM and NVRTC (the
 ``cuda-toolkit`` wheels); the test skips without them.
+
+Two faults first seen on a GPU are checked in the PTX: a kernel must not call code linked
+in from outside (``.extern .func``: numba's float16 arithmetic does, and a kernel so
+linked fails when numba caches it), and the pack and unpack kernels must store elements
+of the tensor's own width (an int32 product typed int64 was once stored as 8 bytes).
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ for encode, feedback, decode, reduce in (
     signatures.append((feedback, (array(np.float32), array(np.uint16), types.float32,
                                   array(np.float32), types.float32)))
     signatures.append((decode, (array(np.uint16), array(np.float32), types.float32)))
-signatures.append((device._reduce_half, (array(np.float16),) * 3 + (types.int64,)))
+signatures.append((device._reduce_half, (array(np.uint16),) * 3 + (types.int64,)))
 signatures.append((device._reduce_bfloat, (array(np.uint16),) * 3 + (types.int64,)))
 for kernel in (device._pack_bfloat_kernel, device._unpack_bfloat_kernel):
     signatures.append((kernel, (array(np.int64, 2), array(np.int64), array(np.int64),
@@ -65,13 +70,28 @@ for kernel in (device._pack_bfloat_kernel, device._unpack_bfloat_kernel):
 for kernel in (device._scale_bfloat_kernel, device._divide_bfloat_kernel):
     signatures.append((kernel, (array(np.uint16), types.float32, array(np.uint16))))
 
+def store_widths(ptx):
+    """Bits of each store to global or generic memory (``st.global.u32`` is 32)."""
+    opcodes = {line.split()[0] for line in ptx.splitlines() if line.strip().startswith("st.")}
+    return {int(op.rsplit(".", 1)[1][1:]) for op in opcodes
+            if not op.startswith(("st.param", "st.local", "st.shared"))}
+
 failures = []
 for kernel, signature in signatures:
+    name = f"{kernel.py_func.__name__}{signature}"
     try:
-        cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0))
+        ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0))
     except Exception as error:
-        failures.append(f"{kernel.py_func.__name__}{signature}: {type(error).__name__}: "
+        failures.append(f"{name}: {type(error).__name__}: "
                         f"{str(error).splitlines()[0] if str(error) else ''}")
+        continue
+    if ".extern .func" in ptx:
+        failures.append(f"{name}: calls code linked from outside (.extern .func)")
+    if kernel in (device._pack_kernel, device._unpack_kernel):
+        element_bits = 8 * np.dtype(str(signature[3].dtype)).itemsize
+        if store_widths(ptx) != {element_bits}:
+            failures.append(f"{name}: stores of {sorted(store_widths(ptx))} bits, "
+                            f"the elements have {element_bits}")
 print(f"compiled {len(signatures) - len(failures)} of {len(signatures)}")
 for failure in failures:
     print("FAILED", failure)
