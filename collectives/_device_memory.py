@@ -1,5 +1,5 @@
-"""Device memory for the collectives: tensors in GPU memory, through pinned host memory
-or handed to a CUDA-aware MPI.
+"""Device memory for the collectives: tensors in GPU memory, through pinned host memory,
+handed to a CUDA-aware MPI, or reduced on the GPUs of one node through CUDA IPC.
 
 With a CUDA-aware MPI (see :mod:`.cuda_aware`) and the ``auto`` or ``native``
 algorithm, device pointers go straight to MPI's own collectives, after the stream that
@@ -7,7 +7,9 @@ produced the tensor has finished (:class:`DirectMemory`). Otherwise, or for redu
 MPI cannot do on device memory (16-bit floats, compression), reductions travel through
 pinned host memory in pipelined segments and ringtrain's algorithms run on the host
 copies (:class:`StagedMemory`; the other collectives run on a pinned copy, see
-:func:`._staging.staged`). Scaling, fusion and 16-bit casts run on the GPU, so fp16
+:func:`._staging.staged`). When every rank of the group is on one node, large
+allreduces run on the GPUs instead, each reading its peers' buffers through CUDA IPC
+(:class:`IpcMemory`). Scaling, fusion and 16-bit casts run on the GPU, so fp16
 compression halves the bytes that cross PCIe. Every call returns once its results are
 in device memory.
 """
@@ -22,14 +24,16 @@ import numpy as np
 
 from ..kernels import BFLOAT16, device, divide_into, scale_into
 from ..kernels.reduction import Combine
-from . import _native
+from . import _ipc, _native
 from ._buffers import DeviceTensor
 from ._data_phase import Finisher
 from ._group import Group
-from ._memory import AWARE, STAGED, HostMemory
+from ._memory import AWARE, IPC, STAGED, HostMemory
 from ._ops import ReduceOp
+from ._selection import host_allreduce_algorithm
 from ._staging import scratch, through_host
 from ._topology import NodeLayout
+from .config import current_settings
 
 
 class MPIMemory:
@@ -144,13 +148,34 @@ class DirectMemory(StagedMemory):
         self.finish(result, finish)
 
 
-_memories: dict[tuple[bool, int], StagedMemory] = {}
+class IpcMemory(StagedMemory):
+    """Device memory on GPU ``ordinal`` reduced on the GPUs of one node through CUDA IPC
+    (:mod:`._ipc`); through host memory where the ranks turn out unable to share it."""
+
+    signature = IPC
+
+    def reduce(self, group: Group, algorithm: str, source: Any, result: Any, op: ReduceOp,
+               combine: Combine, finish: Callable[[Any], None] | None, segment_bytes: int,
+               encoding: str | None, layout: NodeLayout | None) -> None:
+        if group.size > 1 and algorithm == "ipc":
+            finished = None if finish is None else (lambda values: self.finish(values, finish))
+            if _ipc.allreduce(_ipc.node_buffers(group, self.ordinal), source, result, op,
+                              finished, encoding):
+                return
+            algorithm = host_allreduce_algorithm(self.nbytes(source), current_settings())
+        super().reduce(group, algorithm, source, result, op, combine, finish, segment_bytes,
+                       encoding, layout)
 
 
-def device_memory(direct: bool, ordinal: int) -> StagedMemory:
-    """The memory of GPU ``ordinal``: handed to MPI when ``direct``, else staged."""
-    memory = _memories.get((direct, ordinal))
+_KINDS: dict[str, type[StagedMemory]] = {STAGED: StagedMemory, AWARE: DirectMemory,
+                                         IPC: IpcMemory}
+_memories: dict[tuple[str, int], StagedMemory] = {}
+
+
+def device_memory(signature: str, ordinal: int) -> StagedMemory:
+    """The memory of GPU ``ordinal`` that a call's signature names: :data:`STAGED`,
+    :data:`AWARE` or :data:`IPC`."""
+    memory = _memories.get((signature, ordinal))
     if memory is None:
-        memory = _memories[(direct, ordinal)] = \
-            (DirectMemory if direct else StagedMemory)(ordinal)
+        memory = _memories[(signature, ordinal)] = _KINDS[signature](ordinal)
     return memory

@@ -3,7 +3,9 @@ differs between host arrays, device tensors staged through pinned host memory, a
 device memory handed to a CUDA-aware MPI.
 
 Every collective is written once over a memory: it agrees, scales, packs, compresses
-and unpacks the same way, and asks its memory to move or reduce a flat buffer.
+and unpacks the same way, and asks its memory to move or reduce a flat buffer. Device
+reductions between the ranks of one node may also run on the GPUs themselves, through
+CUDA IPC (:data:`IPC`).
 :data:`HOST` serves numpy arrays; the device kinds are in :mod:`._device_memory`, and
 :mod:`._placement` picks one for a call.
 """
@@ -26,6 +28,7 @@ from ._world import world
 
 AWARE = "cuda (CUDA-aware MPI)"
 STAGED = "cuda (through host memory)"
+IPC = "cuda (IPC)"
 """The ``memory`` field of a device call's signature: ranks must agree on it."""
 
 

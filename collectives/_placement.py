@@ -1,6 +1,6 @@
-"""Which memory a call's data is in: host arrays, or device memory staged or handed to
-MPI. The device kinds load numba.cuda, so they are imported here only for device
-tensors."""
+"""Which memory a call's data is in: host arrays, or device memory staged, handed to MPI
+or shared between the GPUs of a node. The device kinds load numba.cuda, so they are
+imported here only for device tensors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ._buffers import DeviceTensor
-from ._memory import AWARE, HOST, HostMemory
+from ._memory import HOST, HostMemory
 
 
 def staged(tensor: DeviceTensor, in_place: bool,
@@ -27,4 +27,4 @@ def memory_for(signature: str | None, ordinal: int = 0) -> HostMemory:
     if signature is None:
         return HOST
     from . import _device_memory  # loads numba.cuda: only for device tensors
-    return _device_memory.device_memory(signature == AWARE, ordinal)
+    return _device_memory.device_memory(signature, ordinal)

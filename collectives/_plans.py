@@ -12,10 +12,10 @@ from ..kernels import Compressor, FusionLayout, reducer
 from ._agreement import Call
 from ._checks import active_compressor, check_compression, check_reduction
 from ._data_phase import Finisher, finisher
-from ._memory import AWARE, STAGED, goes_direct
+from ._memory import AWARE, IPC, STAGED, goes_direct
 from ._ops import ReduceOp, resolve_op
 from ._process_sets import ProcessSet, resolve_group
-from ._selection import allreduce_algorithm
+from ._selection import allreduce_algorithm, device_allreduce_algorithm
 from ._topology import HIERARCHICAL, NodeLayout, layout_of
 from .config import current_settings
 
@@ -70,8 +70,11 @@ class AllreducePlan:
         self.group = resolve_group(process_set, collective, name)
         self.settings = current_settings()
         self.layout = layout_of(self.group, self.settings)
-        self.algorithm = allreduce_algorithm(algorithm, array.size * wire_dtype.itemsize,
-                                             self.group.size, self.settings, name, self.layout)
+        choose = device_allreduce_algorithm if self.memory == STAGED else allreduce_algorithm
+        self.algorithm = choose(algorithm, array.size * wire_dtype.itemsize, self.group.size,
+                                self.settings, name, self.layout)
+        if self.algorithm == "ipc":
+            self.memory = IPC
         self.call = Call(collective="allreduce", name=name, op=self.op.name,
                          dtype=array.dtype, shape=array.shape, algorithm=self.algorithm,
                          segment_bytes=None if self.algorithm == "native"
@@ -100,9 +103,9 @@ def allreduce_plan(array: Any, op: Any, name: str | None, prescale_factor: float
 
     ``array`` needs ``shape``, ``dtype`` and ``size``. With ``on_device``, the data is in
     GPU memory: MPI's own algorithm on device memory where :func:`._memory.goes_direct`
-    allows it, else the algorithm chosen for host copies; the signature's ``memory``
-    field says which. Raises what :func:`ringtrain.allreduce` raises before any
-    communication.
+    allows it, else the GPUs' own through CUDA IPC where the ranks share a node, else
+    the algorithm chosen for host copies; the signature's ``memory`` field says which.
+    Raises what :func:`ringtrain.allreduce` raises before any communication.
     """
     try:
         key = (collective, array.shape, array.dtype, op, name, prescale_factor,
@@ -134,7 +137,8 @@ class GroupedCall:
         compressors: the compressor that encodes each dtype, or None.
         chosen: the algorithm of each dtype's fused buffer (``algorithm`` for all when
             given, else as ``auto`` or the requested one chooses by size; ``native`` for
-            device memory handed to MPI).
+            device memory handed to MPI, ``ipc`` for device memory reduced on the GPUs
+            of one node).
         call: the signature the ranks compare.
 
     Raises:
@@ -167,9 +171,12 @@ class GroupedCall:
                 goes_direct(algorithm, self.settings.allreduce_algorithm, dtype)
                 for dtype in self.members)
             self.memory = AWARE if direct else STAGED
-        self.chosen = {dtype: "native" if self.memory == AWARE else allreduce_algorithm(
+        choose = device_allreduce_algorithm if self.memory == STAGED else allreduce_algorithm
+        self.chosen = {dtype: "native" if self.memory == AWARE else choose(
             algorithm, self._wire_bytes(dtype), self.group.size, self.settings, name,
             self.layout) for dtype in self.members}
+        if "ipc" in self.chosen.values():  # the other dtypes' buffers go through the host
+            self.memory = IPC
         hierarchical = next((c for c in self.chosen.values() if c in HIERARCHICAL), "")
         self.call = Call(collective="grouped_allreduce", name=name, op=self.op.name,
                          dtype=tuple(np.dtype(a.dtype) for a in arrays),

@@ -2,8 +2,9 @@
 
 allreduce: recursive doubling up to ``recursive_doubling_max_bytes`` (fewest messages:
 lg p rounds), the ring above it (least data per rank: 2(p-1)/p*n, reduced in cached
-segments). broadcast: one direct send for two ranks, a binomial tree below
-``broadcast_pipeline_min_bytes``, the pipelined chain from it on. allgather and
+segments); device tensors of ranks on one node are reduced on the GPUs through CUDA IPC
+(``ipc``) from ``ipc_min_bytes`` on. broadcast: one direct send for two ranks, a
+binomial tree below ``broadcast_pipeline_min_bytes``, the pipelined chain from it on. allgather and
 reducescatter: the ring. alltoall: the pairwise exchange. Thresholds are settings (see
 ``config``), and ``algorithm=`` on a call overrides the choice.
 
@@ -20,6 +21,7 @@ from .config import ALGORITHMS, Settings
 from .errors import InvalidArgumentError, subject
 
 _DEFAULTS = {"allgather": "ring", "reducescatter": "ring", "alltoall": "pairwise"}
+_HOST_ALLREDUCE = tuple(a for a in ALGORITHMS["allreduce"] if a not in ("auto", "ipc"))
 
 
 def requested(collective: str, algorithm: str | None, settings: Settings,
@@ -35,13 +37,51 @@ def requested(collective: str, algorithm: str | None, settings: Settings,
 
 def allreduce_algorithm(algorithm: str | None, nbytes: int, size: int, settings: Settings,
                         name: str | None, layout: NodeLayout | None = None) -> str:
-    """Choose the allreduce algorithm (``layout``: the group's nodes, if known)."""
+    """Choose the allreduce algorithm of host arrays (``layout``: the group's nodes, if
+    known). ``ipc`` as the setting means ``auto`` here; asked for by the call, it is
+    refused: it reduces device tensors."""
     choice = requested("allreduce", algorithm, settings, name)
+    if choice == "ipc":
+        if algorithm == "ipc":
+            raise InvalidArgumentError(
+                f"{subject('allreduce', name)}: algorithm 'ipc' reduces tensors in GPU "
+                f"memory; host arrays use {', '.join(_HOST_ALLREDUCE)}")
+        choice = "auto"
     if choice != "auto":
         return choice
     if _hierarchical_pays(layout, nbytes, settings):
         return "hierarchical"
+    return host_allreduce_algorithm(nbytes, settings)
+
+
+def host_allreduce_algorithm(nbytes: int, settings: Settings) -> str:
+    """``auto``'s choice between the algorithms that need no node layout."""
     return "recursive_doubling" if nbytes <= settings.recursive_doubling_max_bytes else "ring"
+
+
+def device_allreduce_algorithm(algorithm: str | None, nbytes: int, size: int,
+                               settings: Settings, name: str | None,
+                               layout: NodeLayout) -> str:
+    """Choose the allreduce algorithm of device memory that MPI does not reduce: ``ipc``
+    when every rank is on one node and can share device memory (asked for, or ``auto``
+    from ``ipc_min_bytes`` on), else as :func:`allreduce_algorithm` chooses for the host
+    copies.
+
+    Raises:
+        InvalidArgumentError: ``ipc`` asked for by the call where it cannot run.
+    """
+    choice = requested("allreduce", algorithm, settings, name)
+    if size > 1 and (choice == "ipc" or
+                     choice == "auto" and nbytes >= settings.ipc_min_bytes):
+        from ._ipc import unusable_reason  # loads numba.cuda: only for device tensors
+        reason = unusable_reason(len(layout.nodes))
+        if reason is None:
+            return "ipc"
+        if algorithm == "ipc":
+            raise InvalidArgumentError(
+                f"{subject('allreduce', name)}: algorithm 'ipc' cannot run here: {reason}")
+    return allreduce_algorithm(None if choice == "ipc" else algorithm, nbytes, size,
+                               settings, name, layout)
 
 
 def broadcast_algorithm(algorithm: str | None, nbytes: int, size: int, settings: Settings,

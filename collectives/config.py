@@ -50,6 +50,9 @@ class Settings:
         hierarchical_min_bytes: when the ranks span several nodes (and some node holds
             more than one of them), ``auto`` allreduce and broadcast use the
             hierarchical algorithms from this size on.
+        ipc_min_bytes: when every rank is on one node, ``auto`` allreduce of device
+            tensors runs on the GPUs through CUDA IPC from this size on, and through
+            host memory below it.
         node_size: 0 takes the nodes from MPI's shared-memory split; k > 0 pretends
             that every k consecutive world ranks form a node (the last one may be
             smaller), so that the hierarchical algorithms can be tried on one machine.
@@ -73,6 +76,7 @@ class Settings:
     segment_bytes: int = _default("segment_bytes")
     broadcast_pipeline_min_bytes: int = _default("broadcast_pipeline_min_bytes")
     hierarchical_min_bytes: int = _default("hierarchical_min_bytes")
+    ipc_min_bytes: int = _default("ipc_min_bytes")
     node_size: int = _default("node_size")
     fusion_threshold: int = _default("fusion_threshold")
     stall_check_seconds: float = _default("stall_check_seconds")

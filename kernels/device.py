@@ -723,6 +723,24 @@ def copy_to_device(host_buffer: np.ndarray, device_buffer: Any) -> None:
     _array(device_buffer).copy_to_device(host_buffer, stream=_stream(device_buffer))
 
 
+def copy_bytes(target: int, source: int, nbytes: int) -> None:
+    """Queue a copy of ``nbytes`` bytes from device address ``source`` to device address
+    ``target`` (either may be another process's memory mapped here) on the default
+    stream: one driver call, without the checks of a copy between array objects."""
+    if nbytes <= 0:
+        return
+    if SIMULATED:
+        ctypes.memmove(target, source, nbytes)
+        return
+    from numba.cuda.cudadrv.driver import driver
+    driver.cuMemcpyDtoDAsync(target, source, nbytes, 0)
+
+
+def synchronize_default() -> None:
+    """Wait until the work queued on the default stream is done."""
+    cuda.default_stream().synchronize()
+
+
 def synchronize(array: Any) -> None:
     """Wait until the work queued on ``array``'s stream is done."""
     _stream(array).synchronize()
@@ -763,6 +781,13 @@ def byte_view(array: Any) -> Any:
     """``array`` as a 1-D device array of bytes over the same memory (no copy)."""
     flat = _array(array)
     return flat if flat.dtype == np.uint8 else flat.view(np.uint8)
+
+
+def view_as(byte_array: Any, dtype: Any) -> Any:
+    """1-D device byte array ``byte_array`` seen as elements of ``dtype`` (no copy; a
+    bfloat16 view is a :class:`BfloatDeviceArray`)."""
+    dtype = np.dtype(dtype)
+    return _typed(_array(byte_array).view(_storage(dtype)), dtype)
 
 
 def empty(shape: Sequence[int], dtype: Any) -> Any:

@@ -253,7 +253,7 @@ def _setting(field: str, parse: Callable[[str], T], default: T, description: str
 
 ALGORITHMS: dict[str, tuple[str, ...]] = {
     "allreduce": ("auto", "ring", "recursive_doubling", "hierarchical", "node_leader",
-                  "native"),
+                  "native", "ipc"),
     "broadcast": ("auto", "pipeline", "binomial", "hierarchical", "native"),
     "allgather": ("auto", "ring", "hierarchical", "native"),
     "reducescatter": ("auto", "ring", "native"),
@@ -301,6 +301,11 @@ HIERARCHICAL_MIN_BYTES = _setting(
     "hierarchical_min_bytes", parse_size, 256 * 1024,
     "on several nodes, auto allreduce and broadcast are hierarchical from this size on",
     _at_least("hierarchical_min_bytes", 0))
+IPC_MIN_BYTES = _setting(
+    "ipc_min_bytes", parse_size, 4 << 20,
+    "on one node, auto allreduce of device tensors runs on the GPUs through CUDA IPC "
+    "from this size on",
+    _at_least("ipc_min_bytes", 0))
 NODE_SIZE = _setting(
     "node_size", parse_size, 0,
     "0: nodes from MPI's shared-memory split; k: every k consecutive ranks form a node",

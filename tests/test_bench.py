@@ -53,6 +53,8 @@ def test_device_options_and_what_each_size_measures():
     assert cuda.device == "cuda" and cuda.device_library == "numba"
     assert cases.variants(cuda) == [("auto", "cuda"), ("auto", "host"), ("ring", "cuda"),
                                     ("ring", "host"), ("native", "host")]
+    ipc = parse_options(["allreduce", "--algo", "ipc,ring", "--device", "cuda"])
+    assert cases.variants(ipc) == [("ipc", "cuda"), ("ring", "cuda"), ("ring", "host")]
 
 
 def test_parsing_device_options_imports_no_gpu_library():
@@ -82,6 +84,8 @@ def test_parsing_device_options_imports_no_gpu_library():
     (["broadcast", "--compression", "fp16"], "--compression applies"),
     (["allreduce", "--compression", "bf16", "-o", "prod"], "not prod"),
     (["allreduce", "--device", "cuda", "--algo", "native"], "names only native"),
+    (["allreduce", "--algo", "ipc,native"], "add --device cuda"),
+    (["broadcast", "--device", "cuda", "--algo", "ipc"], "offers the algorithms"),
     (["allreduce", "--device-library", "cupy"], "applies to --device cuda"),
     (["allreduce", "--device", "cuda", "--device-library", "jax"], "invalid choice"),
     (["allreduce", "-n", "0"], "--iters"),

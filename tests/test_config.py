@@ -259,7 +259,7 @@ def test_algorithm_table():
     assert set(ALGORITHMS) == {"allreduce", "broadcast", "allgather", "reducescatter",
                                "alltoall"}
     assert set(ALGORITHMS["allreduce"]) == {"auto", "ring", "recursive_doubling",
-                                            "hierarchical", "node_leader", "native"}
+                                            "hierarchical", "node_leader", "native", "ipc"}
     assert set(ALGORITHMS["broadcast"]) == {"auto", "binomial", "pipeline", "hierarchical",
                                             "native"}
     assert set(ALGORITHMS["allgather"]) == {"auto", "ring", "hierarchical", "native"}

@@ -40,6 +40,8 @@ Call = Callable[[], Any]
 HOST = "host"
 CUDA = "cuda"
 """Where a variant's buffers are: host memory (numpy) or GPU memory."""
+DEVICE_ONLY = ("ipc",)
+"""Algorithms of GPU buffers alone."""
 
 
 class Variant(NamedTuple):
@@ -52,12 +54,13 @@ class Variant(NamedTuple):
 def variants(options: Options) -> list[Variant]:
     """What a size is measured with, in table order: each algorithm on host buffers, and
     for ``--device cuda`` each ringtrain algorithm first on GPU buffers (``native``, MPI's
-    own collective, only on host buffers)."""
+    own collective, only on host buffers; ``ipc`` only on GPU buffers)."""
     found = []
     for algorithm in options.algorithms:
         if options.device == CUDA and algorithm != NATIVE:
             found.append(Variant(algorithm, CUDA))
-        found.append(Variant(algorithm, HOST))
+        if algorithm not in DEVICE_ONLY:
+            found.append(Variant(algorithm, HOST))
     return found
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import statistics
 import sys
+import time
 from collections.abc import Sequence
 
 from mpi4py import MPI
@@ -49,8 +51,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append(row)
             if rank == 0:
                 print(report.format_row(row, with_ratio), flush=True)
+    copy_line = device_copy_line(case, comm) if device is not None else None
     if rank == 0:
         print("\n".join(report.footer_lines(rows)), flush=True)
+        if copy_line:
+            print(copy_line, flush=True)
         if options.csv:
             report.write_csv(options.csv, rows)
         if options.json:
@@ -61,6 +66,30 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if part is not None)
     rt.shutdown()
     return 1 if wrong else 0
+
+
+def device_copy_line(case: Case, comm: MPI.Comm, repeats: int = 20) -> str | None:
+    """The footer line of a ``--device cuda`` run: rank 0's GPU copying the largest
+    size's buffer device to device, alone (the other ranks wait), as GB/s of the bytes
+    copied, the median of ``repeats``: the baseline of the GPU rows' busbw."""
+    from ...kernels import device as kernels
+    source, target = (kernels.byte_view(case.device.bytes_of(array))
+                      for array in (case.device_send, case.device_work))
+    nbytes = min(source.size, target.size)
+    comm.Barrier()
+    line = None
+    if comm.Get_rank() == 0 and nbytes:
+        seconds = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            kernels.scale_into(source[:nbytes], 1.0, target[:nbytes])
+            case.device.synchronize()
+            seconds.append(time.perf_counter() - start)
+        median = statistics.median(seconds[1:])
+        line = (f"# Device-to-device copy: {nbytes / median / 1e9:.2f} GB/s ({nbytes} bytes, "
+                f"rank 0's GPU alone, median of {repeats}, this run)")
+    comm.Barrier()
+    return line
 
 
 def open_devices(options: Options, comm: MPI.Comm) -> DeviceArrays | None:

@@ -61,6 +61,10 @@ class DeviceArrays:
         """Wait until all work queued on this rank's GPU is done."""
         raise NotImplementedError
 
+    def bytes_of(self, array: Any) -> Any:
+        """The device array ``array`` (C-contiguous) as one of bytes over its memory."""
+        return array.view(self.module.uint8)
+
 
 class CupyArrays(DeviceArrays):
     """``cupy.ndarray`` buffers on CuPy's current device and stream."""
@@ -137,6 +141,10 @@ class NumbaArrays(DeviceArrays):
     def to_host(self, array: Any) -> np.ndarray:
         """``array.copy_to_host()``."""
         return array.copy_to_host()
+
+    def bytes_of(self, array: Any) -> Any:
+        """A uint8 view of ``array`` (of a bfloat16 array's bits)."""
+        return getattr(array, "bits", array).view(np.uint8)
 
     def synchronize(self) -> None:
         """``cuda.synchronize()``."""

@@ -175,6 +175,8 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         parser.error("--compression applies to allreduce of float32 (-d float)")
     if arguments.compression != "none" and arguments.op == "prod":
         parser.error("--compression supports sum, avg, min and max, not prod")
+    if arguments.device != "cuda" and "ipc" in algorithms:
+        parser.error("--algo ipc reduces GPU buffers: add --device cuda")
     if arguments.device == "cuda" and algorithms == (NATIVE,):
         parser.error("--device cuda measures ringtrain's algorithms on GPU buffers; --algo "
                      "names only native, which runs on host buffers")

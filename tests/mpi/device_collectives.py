@@ -35,6 +35,8 @@ from _harness import (COPY_DTYPES, REDUCE_DTYPES, Digests, all_inputs, assert_eq
                       reduce_reference, rng)
 
 AWARE = os.environ.get("RINGTRAIN_CUDA_AWARE_MPI") == "1"
+# auto reduces device tensors through IPC at every size here, so small arrays test it
+os.environ.setdefault("RINGTRAIN_IPC_MIN_BYTES", "0")
 BF16 = np.dtype(ml_dtypes.bfloat16)
 SHAPES = [(), (0,), (13,), (3, 5)]
 FEW_DTYPES = [np.dtype(np.float32), np.dtype(np.int64)]
@@ -93,6 +95,15 @@ def assert_kind(result: Any, result_type: type, what: str) -> None:
         f"{what}: got a {type(result).__name__}, expected a {result_type.__name__}"
 
 
+def host_twin(algorithm: str, dtype: np.dtype) -> str:
+    """The host algorithm whose bits a device allreduce asked for with ``algorithm`` has:
+    device memory MPI does not reduce (staged mode, or a 16-bit float) goes through CUDA
+    IPC on one node with ``auto``, in the ring's order."""
+    direct = AWARE and dtype not in (np.dtype(np.float16), BF16)
+    return "ring" if algorithm in ("auto", "ipc") and rt.size() > 1 and not direct \
+        else algorithm
+
+
 def ops_for(dtype: np.dtype) -> list[rt.ReduceOp]:
     if dtype.kind != "f":
         return [rt.Sum, rt.Min, rt.Max, rt.Product]
@@ -126,8 +137,8 @@ def allreduce_every_dtype_and_op():
 
 @check
 def allreduce_matches_host_arrays():
-    """Through host memory the device result has the host result's bits; with device
-    pointers MPI reduces, and only the values are compared."""
+    """Through host memory or IPC the device result has the host result's bits; with
+    device pointers MPI reduces, and only the values are compared."""
     me = rt.rank()
     for kind, down, up, _ in each_kind():
         for dtype in (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32)):
@@ -139,7 +150,8 @@ def allreduce_matches_host_arrays():
                     mine = make_input(me, (101,), dtype, op, "versus host", kind)
                     options = dict(op=op, name="v", algorithm=algorithm,
                                    prescale_factor=prescale, postscale_factor=postscale)
-                    host = rt.allreduce(mine, **options)
+                    host = rt.allreduce(mine, **dict(options,
+                                                     algorithm=host_twin(algorithm, dtype)))
                     device = up(rt.allreduce(down(mine), **options))
                     what = f"{kind} {dtype} {algorithm} scales {prescale}/{postscale}"
                     if AWARE and algorithm == "auto" and dtype.kind == "f":
@@ -308,7 +320,8 @@ def reducescatter_uneven_rows():
 
 @check
 def the_path_taken():
-    """Staged calls copy through host memory; CUDA-aware ones hand MPI device memory."""
+    """Staged calls copy through host memory, except allreduce between ranks, which runs
+    on the GPUs through IPC; CUDA-aware ones hand MPI device memory."""
     path = os.path.join(tempfile.gettempdir(), f"ringtrain-device-path-{os.getpid()}.json")
     written = rank_path(path, rt.rank(), rt.size())
     kind, (down, up, _) = next(iter(KINDS.items()))
@@ -327,6 +340,87 @@ def the_path_taken():
         f"RINGTRAIN_CUDA_AWARE_MPI={int(AWARE)}"
     if AWARE and rt.size() > 1:
         assert "MPI allreduce" in text and "MPI broadcast" in text, text[:2000]
+    through_ipc = '"copy in"' in text
+    assert through_ipc == (not AWARE and rt.size() > 1), \
+        f"{kind}: the IPC allreduce {'seen' if through_ipc else 'missing'}: {text[:2000]}"
+    with configured(ipc_min_bytes=257):  # below it, auto goes through host memory
+        rt.start_timeline(path)
+        try:
+            rt.allreduce(down(np.ones(64, np.float16)), op=rt.Sum, name="small")
+            rt.allreduce(down(np.ones(129, np.float16)), op=rt.Sum, name="large")
+        finally:
+            rt.stop_timeline()
+    with open(written) as file:
+        rows = [line for line in file if '"copy in"' in line or '"copy to host"' in line]
+    os.remove(written)
+    if rt.size() > 1:
+        assert len(rows) == 2 and "copy to host" in rows[0] and "copy in" in rows[1], rows
+
+
+@check(min_size=2)
+def ipc_buffers_grow_and_are_mapped_once():
+    """Each group maps its peers' buffers once; a larger call grows every rank's buffer
+    (handles exchanged again) and the results keep the ring's bits; ``algorithm="ipc"``
+    is refused for host arrays."""
+    from ringtrain.collectives import _ipc
+    from ringtrain.collectives._process_sets import resolve_group
+    kind, (down, up, _) = next(iter(KINDS.items()))
+    process_set = rt.add_process_set(list(range(rt.size())))
+    saved = _ipc.GRANULE
+    _ipc.GRANULE = 256  # growth at small sizes, which the simulator reduces quickly
+    try:
+        buffers = _ipc.node_buffers(resolve_group(process_set, "allreduce", None), 0)
+        opened = []
+        for count in (10, 10, 300, 40, 1000, 1000):
+            for dtype in (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int16)):
+                op = rt.Average if dtype.kind == "f" else rt.Sum
+                mine = make_input(rt.rank(), (count,), dtype, op, "grow", count)
+                options = dict(op=op, name="grow", process_set=process_set)
+                host = rt.allreduce(mine, **dict(options, algorithm="ring"))
+                device = rt.allreduce(down(mine), **dict(options, algorithm="ipc"))
+                assert_equal_arrays(up(device), host, f"{kind} {dtype} {count} elements")
+            opened.append((buffers.capacity, sorted(buffers.peers)))
+        assert buffers.unavailable is None, buffers.unavailable
+        capacities = [capacity for capacity, _ in opened]
+        assert capacities == sorted(capacities) and capacities[0] < capacities[-1], opened
+        assert capacities[0] == capacities[1] and capacities[-2] == capacities[-1], opened
+        assert all(peers == [r for r in range(rt.size()) if r != rt.rank()]
+                   for _, peers in opened), opened
+    finally:
+        _ipc.GRANULE = saved
+        rt.remove_process_set(process_set)
+    expect_raises(rt.InvalidArgumentError, rt.allreduce, np.ones(3, np.float32),
+                  name="host", algorithm="ipc", match=["'host'", "ipc", "GPU memory"])
+
+
+@check(min_size=2)
+def ipc_refused_by_one_rank_falls_back_on_every_rank():
+    """A rank that cannot map a peer's buffer makes the whole group reduce through host
+    memory, with the same results, and says which rank and why."""
+    from ringtrain.collectives import _ipc
+    from ringtrain.collectives._process_sets import resolve_group
+    from ringtrain.kernels import ipc
+    kind, (down, up, _) = next(iter(KINDS.items()))
+    process_set = rt.add_process_set(list(range(rt.size())))
+    saved = ipc.open_peer
+    if rt.rank() == rt.size() - 1:
+        def refuse(handle: Any) -> Any:
+            raise ipc.IpcUnavailableError("no peer access (refused by the test)")
+        ipc.open_peer = refuse
+    try:
+        for round_ in range(2):
+            # float16: never handed to MPI, so IPC is tried in both modes
+            mine = make_input(rt.rank(), (77,), np.float16, rt.Sum, "fallback", round_)
+            host = rt.allreduce(mine, op=rt.Sum)  # staged: the host's own choice
+            device = rt.allreduce(down(mine), op=rt.Sum, process_set=process_set)
+            assert_equal_arrays(up(device), host, f"{kind} round {round_}")
+        buffers = _ipc.node_buffers(resolve_group(process_set, "allreduce", None), 0)
+        assert buffers.unavailable == \
+            f"rank {rt.size() - 1}: no peer access (refused by the test)", buffers.unavailable
+        assert buffers.own is None and not buffers.peers
+    finally:
+        ipc.open_peer = saved
+        rt.remove_process_set(process_set)
 
 
 @check
@@ -455,8 +549,9 @@ def assert_same_bfloat16(actual: np.ndarray, expected: np.ndarray, what: str) ->
 
 @check
 def bfloat16_reductions_have_the_host_bits():
-    """bfloat16 reductions travel through host memory in both modes (MPI has no bfloat16)
-    and give the host call's bits: the same kernels, in float32, rounded once per step."""
+    """bfloat16 reductions travel through host memory or IPC in both modes (MPI has no
+    bfloat16) and give the host call's bits: the same kernels, in float32, rounded once
+    per step."""
     me, k = rt.rank(), rt.size()
     digests = Digests()
     for number, (kind, (down, up, result_type)) in enumerate(BFLOAT16_KINDS.items()):
@@ -470,7 +565,8 @@ def bfloat16_reductions_have_the_host_bits():
                     options = dict(op=op, name="bf", algorithm=algorithm)
                     if op is not rt.Product:
                         options.update(prescale_factor=0.5, postscale_factor=3.0)
-                    host = rt.allreduce(mine, **options)
+                    host = rt.allreduce(mine, **dict(options,
+                                                     algorithm=host_twin(algorithm, BF16)))
                     what = f"{kind} bfloat16 {op.name} {shape} {algorithm}"
                     result = rt.allreduce(down(mine), **options)
                     assert_kind(result, result_type, what)
@@ -481,7 +577,8 @@ def bfloat16_reductions_have_the_host_bits():
                     digests.add(what, up(result))
             handle = rt.allreduce_async(down(bfloat16_input(me, (5,), op, "async")), op=op)
             assert_same_bfloat16(up(rt.synchronize(handle)),
-                                 rt.allreduce(bfloat16_input(me, (5,), op, "async"), op=op),
+                                 rt.allreduce(bfloat16_input(me, (5,), op, "async"), op=op,
+                                              algorithm=host_twin("auto", BF16)),
                                  f"{kind} async {op.name}")
         shape = (2 * k + 1, 3)
         mine = bfloat16_input(me, shape, rt.Average, "reducescatter", kind)
@@ -510,7 +607,7 @@ def bfloat16_grouped_with_other_dtypes_on_the_device():
         for op, scales in ((rt.Sum, (1.0, 1.0)), (rt.Average, (0.5, 2.0))):
             options = dict(op=op, name="g", prescale_factor=scales[0],
                            postscale_factor=scales[1])
-            host = rt.grouped_allreduce(plain, **options)
+            host = rt.grouped_allreduce(plain, **options, algorithm=host_twin("auto", BF16))
             results = rt.grouped_allreduce([on_device(x) for x in plain], **options)
             tensors = [on_device(x) for x in plain]
             returned = rt.grouped_allreduce_(tensors, **options)

@@ -1,12 +1,13 @@
-"""The trainer with gradients in device memory: packed on the device, reduced through
-pinned host memory, unpacked on the device; identical bits to the same training with
-host gradients. Runs under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) or on a GPU.
+"""The trainer with gradients in device memory: packed on the device, reduced on the GPUs
+through IPC (or through pinned host memory, or by a CUDA-aware MPI), unpacked on the
+device; identical bits to the same training with host gradients. Runs under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) or on a GPU.
 
 Run: NUMBA_ENABLE_CUDASIM=1 mpiexec -n K python tests/mpi/trainer_device.py
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
@@ -19,8 +20,11 @@ except ImportError:
 
 import ringtrain as rt
 from ringtrain.kernels.device import SIMULATED
-from _harness import Digests, check, expect_raises, main, rng
+from _harness import Digests, check, configured, expect_raises, main, rng
 
+AWARE = os.environ.get("RINGTRAIN_CUDA_AWARE_MPI") == "1"
+# auto reduces device tensors through IPC at every size here, so small arrays test it
+os.environ.setdefault("RINGTRAIN_IPC_MIN_BYTES", "0")
 LR = 0.25
 SHAPES = [(3, 4), (4,), (7,), (2, 5), (1,)]
 
@@ -62,7 +66,11 @@ def train(on_device: bool, steps: int, **options) -> list[np.ndarray]:
 
 
 def compare(options: dict, what: str) -> None:
-    on_host = train(False, 3, **options)
+    # Device buckets that MPI does not reduce (staged mode, or compressed) are reduced on
+    # the GPUs through IPC, in the ring's order: the host run takes the ring too.
+    through_ipc = rt.size() > 1 and (not AWARE or "compression" in options)
+    with configured(allreduce_algorithm="ring" if through_ipc else "auto"):
+        on_host = train(False, 3, **options)
     on_device = train(True, 3, **options)
     digests = Digests()
     for index, (host, device) in enumerate(zip(on_host, on_device)):

@@ -1,0 +1,231 @@
+"""Allreduce of device memory between the ranks of one node, on the GPUs, through CUDA IPC.
+
+Each rank of the group keeps one device buffer of its own that the others map
+(:mod:`ringtrain.kernels.ipc`): handles are exchanged and opened the first time the group
+reduces device memory, kept, and exchanged again only when a larger call needs a larger
+buffer. The buffer holds this rank's input (``count`` elements) followed by room for one
+reduced chunk.
+
+An allreduce of ``count`` elements over p ranks, rank r owning chunk r (the ring's
+chunks, :func:`._ring.chunk_bounds`):
+
+1. copy the input into the own buffer; synchronize; barrier;
+2. reduce chunk r from every rank's buffer, read in place through the mappings, into
+   the own buffer's chunk room, in the ring's order (chunk c: ``a[c+1]``, then
+   ``combine(a[q], partial)`` for q = c+2, ..., c+p mod p), then divide and scale it;
+   synchronize; barrier;
+3. copy every rank's reduced chunk into the result; synchronize; barrier (no rank
+   writes its buffer again while a peer reads it).
+
+Everything is queued on the default stream, copies as single driver calls between
+device addresses.
+
+Each element is reduced on one rank, in the order of the ring allreduce, with the same
+kernels as the host's twins, so the result is bit-identical on every rank and to the
+ring on host memory. No stream order crosses processes: a stream synchronize and an MPI
+barrier order the steps (a barrier on one node costs a few microseconds).
+
+Whether the ranks can map each other's memory is learnt once per group, by trying: every
+rank allocates, exports, opens its peers' buffers, and the ranks agree (a MIN allreduce)
+whether all of them succeeded. If one did not, the group reduces through host memory
+from then on, and the lowest rank logs one INFO line saying why. The ranks try only when
+they share one node and each can share device memory at all (:func:`unusable_reason`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..kernels import BFLOAT16, device, encoding_of, ipc
+from ..kernels.dtypes import BFLOAT16_ENCODING
+from ._group import Group
+from ._ops import ReduceOp
+from ._ring import chunk_bounds
+from ._tracing import phase
+from .logs import LOGGER
+
+ALIGNMENT = 256
+"""Byte alignment of the reduced chunk's room (the device's allocation alignment)."""
+GRANULE = 2 << 20
+"""Buffers grow in multiples of this many bytes."""
+
+
+class NodeBuffers:
+    """One group's shared device buffers: this rank's, and its peers' mapped.
+
+    A :class:`._group.Group` child: freed with the group (collective).
+
+    Attributes:
+        group: the ranks.
+        ordinal: the GPU the buffers are on.
+        capacity: bytes of every rank's buffer (the same on all ranks).
+        unavailable: why the ranks cannot share device memory, or None when they can.
+    """
+
+    def __init__(self, group: Group, ordinal: int):
+        self.group = group
+        self.ordinal = ordinal
+        self.capacity = 0
+        self.unavailable: str | None = None
+        self.own: ipc.SharedBuffer | None = None
+        self.peers: dict[int, ipc.PeerBuffer] = {}
+        self.addresses: list[int] = []
+
+    def ensure(self, nbytes: int) -> bool:
+        """Make every rank's buffer hold at least ``nbytes`` bytes (collective over the
+        group, the same ``nbytes`` on every rank); False when the ranks cannot share."""
+        if self.unavailable is None and nbytes > self.capacity:
+            self._exchange(-(-nbytes // GRANULE) * GRANULE)
+        return self.unavailable is None
+
+    def array_of(self, rank: int) -> Any:
+        """The buffer of group rank ``rank`` (this rank's own, or a mapped peer's)."""
+        return self.own.array if rank == self.group.rank else self.peers[rank].array
+
+    def free(self) -> None:
+        """Unmap the peers' buffers, then free the own one once every rank has unmapped
+        it (collective over the group)."""
+        if self.own is None and not self.peers:
+            return
+        with device.on_device(self.ordinal):
+            self._release()
+
+    def _release(self) -> None:
+        for peer in self.peers.values():
+            peer.close()
+        self.peers.clear()
+        self.addresses = []
+        self.group.comm.Barrier()
+        if self.own is not None:
+            self.own.free()
+            self.own = None
+        self.capacity = 0
+
+    def _exchange(self, capacity: int) -> None:
+        """Allocate buffers of ``capacity`` bytes on every rank and map the peers'."""
+        self._release()
+        reason = ipc.unavailable_reason()
+        handle = None
+        if reason is None:
+            try:
+                self.own = ipc.shared_buffer(capacity)
+                handle = self.own.handle
+            except Exception as error:  # out of memory, a driver refusal
+                reason = f"allocating a {capacity}-byte shared buffer failed: {error}"
+        handles = self.group.comm.allgather(handle if reason is None else None)
+        if reason is None:
+            try:
+                for rank, peer_handle in enumerate(handles):
+                    if rank != self.group.rank and peer_handle is not None:
+                        self.peers[rank] = ipc.open_peer(peer_handle)
+            except ipc.IpcUnavailableError as error:
+                reason = str(error)
+        reasons = self.group.comm.allgather(reason)
+        failed = [(r, why) for r, why in enumerate(reasons) if why is not None]
+        if failed:
+            rank, why = failed[0]
+            self.unavailable = f"rank {self.group.world_ranks[rank]}: {why}"
+            self._release()
+            if self.group.rank == 0:
+                LOGGER.info("device allreduce between the ranks %s goes through host memory: "
+                            "CUDA IPC is not usable (%s)", list(self.group.world_ranks),
+                            self.unavailable)
+            return
+        self.capacity = capacity
+        self.addresses = [device.address_of(self.array_of(r)) for r in range(self.group.size)]
+
+
+def node_buffers(group: Group, ordinal: int) -> NodeBuffers:
+    """The shared buffers of ``group`` on GPU ``ordinal``, made on first use."""
+    key = ("ipc", ordinal)
+    buffers = group.state.get(key)
+    if buffers is None:
+        buffers = group.state[key] = NodeBuffers(group, ordinal)
+        group.children.append(buffers)
+    return buffers
+
+
+def _room_offset(count: int, itemsize: int) -> int:
+    """Byte offset of the reduced chunk's room after ``count`` input elements."""
+    return -(-count * itemsize // ALIGNMENT) * ALIGNMENT
+
+
+def buffer_bytes(count: int, itemsize: int, size: int) -> int:
+    """Bytes each rank's buffer needs to allreduce ``count`` elements over ``size`` ranks."""
+    bounds = chunk_bounds(count, size)
+    return _room_offset(count, itemsize) + bounds[1] * itemsize
+
+
+def chain_order(chunk: int, size: int) -> list[int]:
+    """The ranks whose values chunk ``chunk`` combines, in the ring's order: the first
+    is where the partial result starts, each later one is combined into it."""
+    return [(chunk + 1 + step) % size for step in range(size)]
+
+
+def allreduce(buffers: NodeBuffers, source: Any, result: Any, op: ReduceOp,
+              finish: Callable[[Any], None] | None, encoding: str | None) -> bool:
+    """Allreduce device ``source`` into device ``result`` (may be it) over the group's
+    mapped buffers; False (nothing done) when the ranks cannot share device memory.
+
+    ``finish(values)`` divides and scales a reduced chunk on the device (or None);
+    ``encoding`` names the 16-bit format of uint16 elements (bfloat16 wire buffers).
+    """
+    group = buffers.group
+    dtype = device.dtype_of(source)
+    if encoding == BFLOAT16_ENCODING:
+        dtype = BFLOAT16
+    itemsize = dtype.itemsize
+    count = device.byte_view(source).size // itemsize
+    if not buffers.ensure(buffer_bytes(count, itemsize, group.size)):
+        return False
+    if count == 0:
+        return True
+    encoding = encoding_of(dtype)
+    bounds = chunk_bounds(count, group.size)
+    room = _room_offset(count, itemsize)
+    rank, size = group.rank, group.size
+
+    def values(rank_of: int, start: int, end: int) -> Any:
+        """Elements ``start:end`` of a rank's input in its buffer."""
+        return device.view_as(buffers.array_of(rank_of)[start * itemsize:end * itemsize],
+                              dtype)
+
+    def reduced(rank_of: int) -> Any:
+        """The reduced chunk's room in a rank's buffer."""
+        length = (bounds[rank_of + 1] - bounds[rank_of]) * itemsize
+        return device.view_as(buffers.array_of(rank_of)[room:room + length], dtype)
+
+    with phase("copy in", bytes=count * itemsize, device=True):
+        device.copy_bytes(buffers.addresses[rank], device.address_of(source), count * itemsize)
+        device.synchronize_default()
+        group.comm.Barrier()
+    start, end = bounds[rank], bounds[rank + 1]
+    with phase("reduce-scatter", bytes=count * itemsize, device=True):
+        if end > start:
+            mine = reduced(rank)
+            first, second, *others = chain_order(rank, size)
+            device.reduce_into(op.value, values(second, start, end),
+                               values(first, start, end), mine, encoding)
+            for other in others:
+                device.reduce_into(op.value, values(other, start, end), mine, mine, encoding)
+            if finish is not None:
+                finish(mine)
+        device.synchronize_default()
+        group.comm.Barrier()
+    with phase("allgather", bytes=count * itemsize, device=True):
+        target = device.address_of(result)
+        for chunk in range(size):
+            a, b = bounds[chunk] * itemsize, bounds[chunk + 1] * itemsize
+            device.copy_bytes(target + a, buffers.addresses[chunk] + room, b - a)
+        device.synchronize_default()
+        group.comm.Barrier()
+    return True
+
+
+def unusable_reason(nodes: int) -> str | None:
+    """Why the IPC allreduce cannot serve a group spanning ``nodes`` nodes, as far as
+    this process can tell alone, or None."""
+    if nodes != 1:
+        return f"the ranks span {nodes} nodes"
+    return ipc.unavailable_reason()
