@@ -815,6 +815,23 @@ def wait_for_producer(array: Any) -> None:
         _stream(array).synchronize()
 
 
+def ipc_supported() -> bool:
+    """Whether this platform's CUDA driver can share device memory between processes."""
+    from numba.cuda.cudadrv import driver
+    return bool(driver.SUPPORTS_IPC)
+
+
+def current_context() -> Any:
+    """numba's CUDA context of the calling thread's current device."""
+    return cuda.current_context()
+
+
+def simulated_array(values: np.ndarray) -> Any:
+    """Under the simulator: a device array over host array ``values`` (no copy)."""
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+    return FakeCUDAArray(values)
+
+
 def current_device() -> int:
     """The ordinal of the calling thread's current device."""
     return 0 if SIMULATED else cuda.get_current_device().id

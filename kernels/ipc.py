@@ -1,6 +1,7 @@
 """Device buffers that the processes of one node share (CUDA IPC).
 
-The one module that needs CUDA's inter-process memory handles. :func:`shared_buffer`
+The one module that needs CUDA's inter-process memory handles (through numba's device
+arrays, which :mod:`.device` makes). :func:`shared_buffer`
 allocates a plain device buffer (``cuMemAlloc`` through numba's default allocator, never
 a slice of a framework's pool: a handle names a whole allocation) and exports its handle,
 which pickles; :func:`open_peer` maps another process's buffer into this one, once;
@@ -23,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numba import cuda
 
+from . import device
 from .device import SIMULATED
 
 SHARED_MEMORY_FOLDER = "/dev/shm"
@@ -76,8 +77,7 @@ def unavailable_reason() -> str | None:
     if SIMULATED:
         return None if os.path.isdir(SHARED_MEMORY_FOLDER) else \
             f"the simulator's stand-in needs {SHARED_MEMORY_FOLDER}"
-    from numba.cuda.cudadrv import driver
-    if not driver.SUPPORTS_IPC:
+    if not device.ipc_supported():
         return "CUDA IPC is not supported on this platform"
     return None
 
@@ -86,7 +86,7 @@ def shared_buffer(nbytes: int) -> SharedBuffer:
     """A new device buffer of ``nbytes`` bytes on the current device, exportable."""
     if SIMULATED:
         return _simulated_buffer(nbytes)
-    array = cuda.device_array(max(nbytes, 1), np.uint8)
+    array = device.empty((max(nbytes, 1),), np.uint8)
     return SharedBuffer(array, array.get_ipc_handle(), lambda: None)
 
 
@@ -98,7 +98,7 @@ def open_peer(handle: Any) -> PeerBuffer:
     """
     if SIMULATED:
         return _simulated_peer(handle)
-    context = cuda.current_context()
+    context = device.current_context()
     if not handle._ipc_handle.can_access_peer(context):
         raise IpcUnavailableError(
             f"GPU {context.device.id} has no peer access to the GPU of the buffer")
@@ -116,7 +116,6 @@ _created: set[str] = set()
 
 
 def _simulated_buffer(nbytes: int) -> SharedBuffer:
-    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
     path = os.path.join(SHARED_MEMORY_FOLDER, f"ringtrain-ipc-{os.getpid()}-{next(_counter)}")
     descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
@@ -130,12 +129,11 @@ def _simulated_buffer(nbytes: int) -> SharedBuffer:
         _created.discard(path)
         os.unlink(path)
 
-    array = FakeCUDAArray(np.frombuffer(mapped, np.uint8, nbytes))
+    array = device.simulated_array(np.frombuffer(mapped, np.uint8, nbytes))
     return SharedBuffer(array, (path, nbytes), release)
 
 
 def _simulated_peer(handle: tuple[str, int]) -> PeerBuffer:
-    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
     path, nbytes = handle
     try:
         descriptor = os.open(path, os.O_RDWR)
@@ -145,7 +143,8 @@ def _simulated_peer(handle: tuple[str, int]) -> PeerBuffer:
         mapped = mmap.mmap(descriptor, max(nbytes, 1))
     finally:
         os.close(descriptor)
-    return PeerBuffer(FakeCUDAArray(np.frombuffer(mapped, np.uint8, nbytes)), lambda: None)
+    return PeerBuffer(device.simulated_array(np.frombuffer(mapped, np.uint8, nbytes)),
+                      lambda: None)
 
 
 @atexit.register
