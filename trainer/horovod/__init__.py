@@ -6,7 +6,7 @@ ringtrain's own collectives or trainer; nothing here is a second implementation.
 What maps one to one, what differs and what is not supported: docs/horovod.md.
 """
 
-from . import mpi_ops
+from . import elastic, mpi_ops
 from .compression import Compression
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
@@ -17,5 +17,5 @@ from .sync_batch_norm import SyncBatchNorm
 __all__ = [
     *(name for name in mpi_ops.__all__ if name != "Handle"),
     "Compression", "allgather_object", "broadcast_object", "broadcast_optimizer_state",
-    "broadcast_parameters", "DistributedOptimizer", "SyncBatchNorm",
+    "broadcast_parameters", "DistributedOptimizer", "SyncBatchNorm", "elastic",
 ]
