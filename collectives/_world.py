@@ -8,7 +8,7 @@ import os
 from mpi4py import MPI
 
 from ..kernels import set_host_threads
-from ..variables import TIMELINE
+from ..variables import TIMELINE, horovod_lines
 from . import timeline
 from ._activity import ACTIVITY
 from ._executor import Executor
@@ -84,6 +84,8 @@ def init(comm: MPI.Comm | None = None) -> None:
     set_rank(own.Get_rank())
     timeline.set_world((own.Get_rank(), own.Get_size()))
     configure_logging(own.Get_rank())
+    for line in horovod_lines():
+        LOGGER.info("%s", line)
     ACTIVITY.reset()
     _world.stall_inspector = _start_stall_inspector(own)
     _world.cuda_aware = _cuda_awareness()

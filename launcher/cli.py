@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Sequence
 
 from .command import CommandError, build_mpiexec_argv, python_target, rank_command
+from .horovodrun import RefusedFlag, Translation, add_flags, translate
 from .hosts import Host, HostListError, parse_host_list, read_hostfile
 from .mpi_vendor import Mpiexec, MpiexecError, query_mpiexec
 from .rank_env import usable_cores
@@ -74,19 +75,19 @@ def build_parser() -> argparse.ArgumentParser:
                            f"       {PROG} --check-build",
                      description="Start a ringtrain job: COMMAND on N ranks under the "
                                  "MPI that mpi4py uses.")
-    parser.add_argument("-np", "-n", dest="nprocs", type=int, metavar="N",
+    parser.add_argument("-np", "-n", "--num-proc", dest="nprocs", type=int, metavar="N",
                         help="number of ranks to start")
     hosts = parser.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...",
                        help="hosts and how many ranks each takes, e.g. node1:4,node2:4 "
                             "(default: all ranks on this machine)")
-    hosts.add_argument("--hostfile", metavar="FILE",
+    hosts.add_argument("--hostfile", "-hostfile", metavar="FILE",
                        help="a file of hosts, one a line: HOST, HOST:SLOTS or "
                             "HOST slots=SLOTS")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="set a variable on every rank (NAME alone passes on its "
                              "value here); may be repeated")
-    parser.add_argument("--timeline", metavar="PATH",
+    parser.add_argument("--timeline", "--timeline-filename", metavar="PATH",
                         help="record what every rank's collectives do, as a Chrome trace "
                              "written to PATH when the job ends (view it in Perfetto)")
     elastic = parser.add_argument_group("restarts (elastic training, see ringtrain.elastic)")
@@ -109,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--verbose", action="store_true",
                         help="print the mpiexec command line before running it")
     parser.add_argument("--version", action="version", version=f"{PROG} {ringtrain.__version__}")
+    add_flags(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND [ARGS...]",
                         help="what each rank runs, e.g. python train.py")
     return parser
@@ -251,13 +253,35 @@ def _placement(elastic: ElasticOptions, nprocs: int | None, hosts: list[Host],
     return place_on_discovered_hosts(discover_hosts(elastic.discovery_script, restart), elastic)
 
 
+def horovodrun_flags(options: argparse.Namespace) -> Translation:
+    """What horovodrun's flags among ``options`` mean; ``--reset-limit K`` becomes
+    ``--max-restarts K``. Each flag without effect is said on stderr.
+
+    Raises:
+        CommandLineError: a refused flag, or ``--reset-limit`` with ``--max-restarts``.
+    """
+    try:
+        translation = translate(options)
+    except RefusedFlag as error:
+        raise CommandLineError(str(error)) from None
+    if options.hvd_reset_limit is not None:
+        if options.max_restarts:
+            raise CommandLineError("--reset-limit and --max-restarts both give the restarts: "
+                                   "give one")
+        options.max_restarts = options.hvd_reset_limit
+    for note in translation.notes:
+        print(f"{PROG}: {note}", file=sys.stderr)
+    return translation
+
+
 def _launch(options: argparse.Namespace) -> int:
+    horovodrun = horovodrun_flags(options)
     elastic = elastic_options(options)
     command = list(options.command)
     if command[:1] == ["--"]:
         command = command[1:]
     hosts = _hosts(options)
-    environment = parse_environment(options.env)
+    environment = {**horovodrun.environment, **parse_environment(options.env)}
     timeline = job_timeline(options.timeline, environment)
     _check_command(command, local=not hosts and elastic.discovery_script is None)
     try:
@@ -282,7 +306,7 @@ def _launch(options: argparse.Namespace) -> int:
             options.elastic_dir or created_directory)
     try:
         return _run_with_restarts(options, elastic, mpiexec, command, environment, placement,
-                                  restarting, timeline)
+                                  restarting, timeline, horovodrun)
     finally:
         _finish_timeline(timeline)  # when the job did not get as far as its summary
         if created_directory is not None:
@@ -291,7 +315,8 @@ def _launch(options: argparse.Namespace) -> int:
 
 def _run_with_restarts(options: argparse.Namespace, elastic: ElasticOptions, mpiexec: Mpiexec,
                        command: list[str], environment: dict[str, str], placement: Placement,
-                       restarting: bool, timeline: JobTimeline | None = None) -> int:
+                       restarting: bool, timeline: JobTimeline | None,
+                       horovodrun: Translation) -> int:
     from .job import print_summary, run_job_attempt
 
     restart = 0
@@ -302,7 +327,9 @@ def _run_with_restarts(options: argparse.Namespace, elastic: ElasticOptions, mpi
             argv = build_mpiexec_argv(mpiexec.vendor, mpiexec.path, placement.nprocs,
                                       rank_command(command), hosts=placement.hosts,
                                       environment=environment, local_cores=usable_cores(),
-                                      as_root=hasattr(os, "geteuid") and os.geteuid() == 0)
+                                      as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
+                                      network_interface=horovodrun.network_interface,
+                                      extra_options=horovodrun.mpiexec_args)
         except CommandError as error:
             raise CommandLineError(str(error)) from None
         if options.verbose:

@@ -65,7 +65,9 @@ def _environment_argv(vendor: Vendor, environment: Mapping[str, str]) -> list[st
 
 def build_mpiexec_argv(vendor: Vendor, mpiexec: str, nprocs: int, rank_command: Sequence[str],
                        *, hosts: Sequence[Host] = (), environment: Mapping[str, str] | None = None,
-                       local_cores: int = 1, as_root: bool = False) -> list[str]:
+                       local_cores: int = 1, as_root: bool = False,
+                       network_interface: str | None = None,
+                       extra_options: Sequence[str] = ()) -> list[str]:
     """The ``mpiexec`` argv that starts ``rank_command`` on ``nprocs`` ranks.
 
     Args:
@@ -78,6 +80,8 @@ def build_mpiexec_argv(vendor: Vendor, mpiexec: str, nprocs: int, rank_command: 
         local_cores: the cores of this machine; with no ``hosts``, more ranks than
             this is oversubscription (with ``hosts``, more ranks than their slots).
         as_root: whether the launcher runs as root (Open MPI refuses that unless told).
+        network_interface: the interface the ranks talk over, in the vendor's spelling.
+        extra_options: more ``mpiexec`` options, put before the rank command.
 
     Returns:
         The argv list; nothing is joined into a shell string.
@@ -100,7 +104,17 @@ def build_mpiexec_argv(vendor: Vendor, mpiexec: str, nprocs: int, rank_command: 
             argv.append("--oversubscribe")
         if as_root:
             argv.append("--allow-run-as-root")
-    return argv + list(rank_command)
+    if network_interface:
+        argv += network_interface_argv(vendor, network_interface)
+    return argv + list(extra_options) + list(rank_command)
+
+
+def network_interface_argv(vendor: Vendor, interface: str) -> list[str]:
+    """The ``mpiexec`` options that make the ranks talk over network ``interface``."""
+    if vendor is Vendor.OPEN_MPI:
+        return ["--mca", "btl_tcp_if_include", interface, "--mca", "oob_tcp_if_include",
+                interface]
+    return ["-iface", interface]
 
 
 def is_python(program: str) -> bool:

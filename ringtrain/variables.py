@@ -22,6 +22,12 @@ the safe choice):
   context is made current, which cannot be undone; a value that is neither on nor off
   is refused rather than read as either.
 
+A variable that is unset is read from its ``HOROVOD_*`` twin where Horovod has one with
+the same meaning (``HOROVOD_FUSION_THRESHOLD`` for ``RINGTRAIN_FUSION_THRESHOLD``, ...;
+see :attr:`Variable.horovod`): the ``RINGTRAIN_*`` variable wins, and ``init`` logs each
+twin read at INFO (:func:`horovod_lines`). :data:`HOROVOD_WITHOUT_EFFECT` lists the
+Horovod variables that mean nothing here.
+
 The variables fall in four groups: the settings of :func:`ringtrain.configure` (the
 ``setting`` of their :class:`Variable`; :class:`ringtrain.Settings` takes its defaults
 from here); the log level, the CUDA-aware override and the GPU choice, read once at
@@ -67,6 +73,9 @@ class Variable(Generic[T]):
             :func:`ringtrain.configure`) that it sets; None for the other variables.
         blank_is_unset: an empty or blank value counts as unset (else it is malformed).
         set_by_launcher: ``ringtrain-run`` sets it for the ranks.
+        horovod: the ``HOROVOD_*`` variables read in its place when it is unset, each
+            with what turns its text into this variable's (None: that text has no
+            meaning here, the variable stays unset).
     """
 
     name: str
@@ -78,12 +87,22 @@ class Variable(Generic[T]):
     setting: str | None = None
     blank_is_unset: bool = False
     set_by_launcher: bool = False
+    horovod: tuple[tuple[str, Callable[[str], str | None]], ...] = ()
 
     def text(self, environ: Mapping[str, str] | None = None) -> str | None:
         """The variable's text in ``environ`` (default ``os.environ``); None when it is
-        unset (or blank, where blank counts as unset)."""
-        text = (os.environ if environ is None else environ).get(self.name)
-        return self._given(text)
+        unset (or blank, where blank counts as unset). When it is unset, its ``HOROVOD_*``
+        twin's text, translated (:func:`horovod_lines` says so)."""
+        environ = os.environ if environ is None else environ
+        text = self._given(environ.get(self.name))
+        if text is None:
+            for twin, translate in self.horovod:
+                given = environ.get(twin)
+                translated = None if given is None else translate(given)
+                if translated is not None:
+                    _say_once(f"{twin}={given!r} read as {self.name}={translated!r}")
+                    return self._given(translated)
+        return text
 
     def read(self, environ: Mapping[str, str] | None = None) -> T:
         """The variable's value in ``environ`` (default ``os.environ``).
@@ -134,6 +153,21 @@ class Variable(Generic[T]):
 
 VARIABLES: dict[str, Variable[Any]] = {}
 """Every variable by name, in the order declared."""
+
+_horovod_readings: dict[str, None] = {}
+
+
+def _say_once(message: str) -> None:
+    _horovod_readings[message] = None
+
+
+def horovod_lines(environ: Mapping[str, str] | None = None) -> list[str]:
+    """What this process takes from ``HOROVOD_*`` variables: one line for each twin read
+    in place of its ``RINGTRAIN_*`` variable, and for each one without effect
+    (:data:`HOROVOD_WITHOUT_EFFECT`). ``ringtrain.init`` logs them at INFO."""
+    for variable in VARIABLES.values():
+        variable.text(environ)
+    return list(_horovod_readings) + horovod_variables_without_effect(environ)
 
 
 def _declare(variable: Variable[T]) -> Variable[T]:
@@ -244,9 +278,47 @@ def _at_least(field: str, minimum: int) -> Callable[[Any], None]:
 
 
 def _setting(field: str, parse: Callable[[str], T], default: T, description: str,
-             check: Callable[[Any], None]) -> Variable[T]:
+             check: Callable[[Any], None],
+             horovod: tuple[tuple[str, Callable[[str], str | None]], ...] = ()
+             ) -> Variable[T]:
     return _declare(Variable(environment_variable(field), parse, default, description,
-                             check=check, setting=field))
+                             check=check, setting=field, horovod=horovod))
+
+
+# --------------------------------------------------------------------------- Horovod's
+
+def _same(text: str) -> str:
+    return text
+
+
+def _when_on(value: str) -> Callable[[str], str | None]:
+    """A ``HOROVOD_*`` switch that means ``value`` when on (1, true, yes)."""
+    def translate(text: str) -> str | None:
+        return value if SWITCH_VALUES.get(text.strip().lower()) else None
+    return translate
+
+
+_HOROVOD_LOG_LEVELS = {"TRACE": "DEBUG", "FATAL": "CRITICAL"}
+
+HOROVOD_WITHOUT_EFFECT: dict[str, str] = {
+    "HOROVOD_CYCLE_TIME": "calls start when they are made: there is no cycle",
+    "HOROVOD_TIMELINE_MARK_CYCLES": "there are no cycles to mark",
+    "HOROVOD_CACHE_CAPACITY": "calls are planned once and kept; there is no response cache",
+    "HOROVOD_NUM_NCCL_STREAMS": "ringtrain does not use NCCL",
+    "HOROVOD_MPI_THREADS_DISABLE": "ringtrain asks MPI for MPI_THREAD_MULTIPLE",
+    "HOROVOD_THREAD_AFFINITY": "ringtrain's collectives run on the caller's threads",
+    "HOROVOD_AUTOTUNE": "settings are not tuned at run time",
+}
+"""``HOROVOD_*`` variables ringtrain accepts without effect, and why (``init`` logs each
+one set at INFO)."""
+
+
+def horovod_variables_without_effect(environ: Mapping[str, str] | None = None
+                                     ) -> list[str]:
+    """One line for each :data:`HOROVOD_WITHOUT_EFFECT` variable set in ``environ``."""
+    environ = os.environ if environ is None else environ
+    return [f"{name} has no effect: {why}" for name, why in HOROVOD_WITHOUT_EFFECT.items()
+            if name in environ]
 
 
 # --------------------------------------------------------------------------- the table
@@ -268,7 +340,8 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 ALLREDUCE_ALGORITHM = _setting(
     "allreduce_algorithm", parse_word, "auto",
     "the allreduce algorithm: auto or one of ALGORITHMS['allreduce']",
-    _one_of("allreduce_algorithm", ALGORITHMS["allreduce"]))
+    _one_of("allreduce_algorithm", ALGORITHMS["allreduce"]),
+    horovod=(("HOROVOD_HIERARCHICAL_ALLREDUCE", _when_on("hierarchical")),))
 BROADCAST_ALGORITHM = _setting(
     "broadcast_algorithm", parse_word, "auto",
     "the broadcast algorithm: auto or one of ALGORITHMS['broadcast']",
@@ -276,7 +349,8 @@ BROADCAST_ALGORITHM = _setting(
 ALLGATHER_ALGORITHM = _setting(
     "allgather_algorithm", parse_word, "auto",
     "the allgather algorithm: auto or one of ALGORITHMS['allgather']",
-    _one_of("allgather_algorithm", ALGORITHMS["allgather"]))
+    _one_of("allgather_algorithm", ALGORITHMS["allgather"]),
+    horovod=(("HOROVOD_HIERARCHICAL_ALLGATHER", _when_on("hierarchical")),))
 REDUCESCATTER_ALGORITHM = _setting(
     "reducescatter_algorithm", parse_word, "auto",
     "the reducescatter algorithm: auto or one of ALGORITHMS['reducescatter']",
@@ -313,15 +387,18 @@ NODE_SIZE = _setting(
 FUSION_THRESHOLD = _setting(
     "fusion_threshold", parse_size, 8 << 20,
     "the trainer's fusion bucket size in bytes (0: one gradient per bucket)",
-    _at_least("fusion_threshold", 0))
+    _at_least("fusion_threshold", 0), horovod=(("HOROVOD_FUSION_THRESHOLD", _same),))
 STALL_CHECK_SECONDS = _setting(
     "stall_check_seconds", parse_seconds, 60.0,
     "the stall inspector reports a collective waited in this long (0: off)",
-    _at_least("stall_check_seconds", 0))
+    _at_least("stall_check_seconds", 0),
+    horovod=(("HOROVOD_STALL_CHECK_DISABLE", _when_on("0")),
+             ("HOROVOD_STALL_CHECK_TIME_SECONDS", _same)))
 STALL_SHUTDOWN_SECONDS = _setting(
     "stall_shutdown_seconds", parse_seconds, 0.0,
     "a collective waited in this long aborts the job (0: never)",
-    _at_least("stall_shutdown_seconds", 0))
+    _at_least("stall_shutdown_seconds", 0),
+    horovod=(("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", _same),))
 NAME_MATCH_SECONDS = _setting(
     "name_match_seconds", parse_seconds, 30.0,
     "how long ranks whose threads made calls in different orders look for a common name",
@@ -330,7 +407,9 @@ NAME_MATCH_SECONDS = _setting(
 # Read once by ringtrain.init().
 LOG_LEVEL: Variable[str | None] = _declare(Variable(
     "RINGTRAIN_LOG_LEVEL", parse_log_level, None,
-    "the level of the ringtrain logger (DEBUG, INFO, WARNING, ERROR); unset: WARNING"))
+    "the level of the ringtrain logger (DEBUG, INFO, WARNING, ERROR); unset: WARNING",
+    horovod=(("HOROVOD_LOG_LEVEL",
+              lambda text: _HOROVOD_LOG_LEVELS.get(text.strip().upper(), text)),)))
 CUDA_AWARE_MPI: Variable[bool | None] = _declare(Variable(
     "RINGTRAIN_CUDA_AWARE_MPI",
     switch("MPI takes device pointers", "stage through host memory"), None,
@@ -346,7 +425,7 @@ GPU_BY_LOCAL_RANK: Variable[bool] = _declare(Variable(
 TIMELINE: Variable[str | None] = _declare(Variable(
     "RINGTRAIN_TIMELINE", parse_text, None,
     "the job's timeline file (ringtrain-run --timeline); each rank writes its own part",
-    blank_is_unset=True, set_by_launcher=True))
+    blank_is_unset=True, set_by_launcher=True, horovod=(("HOROVOD_TIMELINE", _same),)))
 ELASTIC_DIR: Variable[str | None] = _declare(Variable(
     "RINGTRAIN_ELASTIC_DIR", parse_text, None,
     "where ringtrain.elastic commits the training state (ringtrain-run --elastic-dir)",
