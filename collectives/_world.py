@@ -8,12 +8,14 @@ import os
 from mpi4py import MPI
 
 from ..kernels import set_host_threads
-from ..variables import TIMELINE, horovod_lines
+from ..variables import TIMELINE, TIMELINE_MERGED_BY_LAUNCHER, horovod_lines
 from . import timeline
 from ._activity import ACTIVITY
 from ._executor import Executor
 from ._group import Group
 from ._stall import StallInspector
+from ._timeline_job import finish as finish_timeline
+from ._timeline_job import merge_at_exit
 from .config import current_settings
 from .cuda_aware import CudaAwareness, cuda_awareness, query_mpi_library
 from .errors import NotInitializedError, set_rank
@@ -71,6 +73,8 @@ def init(comm: MPI.Comm | None = None) -> None:
     if path:
         # Files are named by the job's ranks, also when ringtrain runs on a part of it.
         timeline.start_timeline(path, MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
+        if MPI.COMM_WORLD.Get_size() > 1 and not TIMELINE_MERGED_BY_LAUNCHER.read():
+            merge_at_exit(path)
     base = MPI.COMM_WORLD if comm is None else comm
     own = base.Dup()
     own.Set_name("ringtrain")
@@ -147,6 +151,7 @@ def shutdown() -> None:
     world.executor.close()
     if world.stall_inspector is not None:
         world.stall_inspector.stop()
+    finish_timeline()
     timeline.stop_timeline()
     _world = None
     set_rank(None)

@@ -18,6 +18,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
+from ..variables import TIMELINE_MERGED_BY_LAUNCHER
 from .command import CommandError, build_mpiexec_argv, python_target, rank_command
 from .horovodrun import RefusedFlag, Translation, add_flags, translate
 from .hosts import Host, HostListError, parse_host_list, read_hostfile
@@ -138,7 +139,8 @@ def parse_environment(assignments: Sequence[str]) -> dict[str, str]:
 
 def job_timeline(path: str | None, environment: dict[str, str]) -> JobTimeline | None:
     """For ``--timeline PATH``: check that PATH can be written here, and give every rank
-    ``RINGTRAIN_TIMELINE`` (the absolute path) in ``environment``.
+    ``RINGTRAIN_TIMELINE`` (the absolute path) in ``environment``, and the word that the
+    launcher merges the ranks' files.
 
     Returns:
         What merges the ranks' files after the job; None without ``--timeline``.
@@ -162,6 +164,7 @@ def job_timeline(path: str | None, environment: dict[str, str]) -> JobTimeline |
     if not os.access(directory, os.W_OK | os.X_OK):
         raise CommandLineError(f"--timeline {path}: cannot write in {directory}")
     environment[TIMELINE_VARIABLE] = timeline.path
+    environment[TIMELINE_MERGED_BY_LAUNCHER.name] = "1"
     return timeline
 
 

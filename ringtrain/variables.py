@@ -430,6 +430,11 @@ ELASTIC_DIR: Variable[str | None] = _declare(Variable(
     "RINGTRAIN_ELASTIC_DIR", parse_text, None,
     "where ringtrain.elastic commits the training state (ringtrain-run --elastic-dir)",
     blank_is_unset=True, set_by_launcher=True))
+TIMELINE_MERGED_BY_LAUNCHER: Variable[bool] = _declare(Variable(
+    "RINGTRAIN_TIMELINE_MERGED_BY_LAUNCHER",
+    switch("ringtrain-run merges the ranks' timelines", "rank 0 merges them at exit"), False,
+    "1: ringtrain-run merges the ranks' timeline files; unset: rank 0 does, at exit",
+    blank_is_unset=True, set_by_launcher=True))
 RESTART_COUNT: Variable[int] = _declare(Variable(
     "RINGTRAIN_RESTART_COUNT", parse_count, 0,
     "how many times ringtrain-run has restarted the job (0 on the first start)",

@@ -71,15 +71,18 @@ def test_the_option_gives_every_rank_the_absolute_path(tmp_path, monkeypatch):
     job = job_timeline(options.timeline, environment)
     absolute = str(tmp_path / "t.json")
     assert job.path == absolute
-    assert environment == {"A": "1", "RINGTRAIN_TIMELINE": absolute}
+    assert environment == {"A": "1", "RINGTRAIN_TIMELINE": absolute,
+                           "RINGTRAIN_TIMELINE_MERGED_BY_LAUNCHER": "1"}
     rank = rank_command(["python", "x.py"], python="python3")
     argv = build_mpiexec_argv(Vendor.MPICH, "mpiexec", 2, rank, environment=environment,
                               local_cores=2)
     assert argv == ["mpiexec", "-n", "2", "-genv", "A", "1", "-genv", "RINGTRAIN_TIMELINE",
-                    absolute, "-bind-to", "none", *rank]
+                    absolute, "-genv", "RINGTRAIN_TIMELINE_MERGED_BY_LAUNCHER", "1",
+                    "-bind-to", "none", *rank]
     argv = build_mpiexec_argv(Vendor.OPEN_MPI, "mpiexec", 2, rank, environment=environment,
                               local_cores=2)
-    assert argv[3:7] == ["-x", "A=1", "-x", f"RINGTRAIN_TIMELINE={absolute}"]
+    assert argv[3:9] == ["-x", "A=1", "-x", f"RINGTRAIN_TIMELINE={absolute}", "-x",
+                         "RINGTRAIN_TIMELINE_MERGED_BY_LAUNCHER=1"]
 
 
 def test_without_the_option_nothing_changes():
@@ -354,3 +357,18 @@ def test_after_a_restart_the_trace_is_the_last_starts(tmp_path):
     events = assert_job_trace(path, 2, restart=1)
     assert run.stderr.splitlines()[-1] == (f"ringtrain-run: timeline of 2 ranks written to "
                                            f"{path} ({len(events)} events)"), run
+
+
+@needs_mpi
+@pytest.mark.parametrize("variable, ending", [("RINGTRAIN_TIMELINE", "exit"),
+                                              ("HOROVOD_TIMELINE", "shutdown")])
+def test_a_plain_mpiexec_job_writes_one_trace_at_the_named_path(tmp_path, variable, ending):
+    """Rank 0 merges the ranks' files when ringtrain shuts down or the process exits."""
+    from mpi_launch import run_mpi
+
+    path = tmp_path / "trace.json"
+    run_mpi("timeline_job", 3, ending, env={variable: str(path)}, timeout=E2E_TIMEOUT)
+    events = load(path)
+    assert {event["pid"] for event in events} == {0, 1, 2}
+    assert {event["name"] for event in phases(events)} >= {"allreduce", "broadcast"}
+    assert sorted(os.listdir(tmp_path)) == ["trace.json"]

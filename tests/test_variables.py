@@ -43,6 +43,7 @@ MALFORMED = {
     "RINGTRAIN_CUDA_AWARE_MPI": "maybe",
     "RINGTRAIN_GPU_BY_LOCAL_RANK": "maybe",
     "RINGTRAIN_RESTART_COUNT": "first",
+    "RINGTRAIN_TIMELINE_MERGED_BY_LAUNCHER": "maybe",
     "RINGTRAIN_REPORT_FD": "pipe",
     "RINGTRAIN_BENCH_INJECT_WRONG": "sometimes",
 }
@@ -60,6 +61,7 @@ WELL_FORMED = {
     "RINGTRAIN_TIMELINE": ("/runs/t.json", "/runs/t.json"),
     "RINGTRAIN_ELASTIC_DIR": ("/runs/state", "/runs/state"),
     "RINGTRAIN_RESTART_COUNT": ("2", 2),
+    "RINGTRAIN_TIMELINE_MERGED_BY_LAUNCHER": ("1", True),
     "RINGTRAIN_REPORT_FD": ("7", 7),
     "RINGTRAIN_BENCH_INJECT_WRONG": ("1", True),
 }
@@ -117,7 +119,7 @@ def test_every_setting_has_its_variable_and_its_default():
 def test_the_launcher_sets_the_variables_it_declares():
     assert sorted(name for name, v in VARIABLES.items() if v.set_by_launcher) == \
         ["RINGTRAIN_ELASTIC_DIR", "RINGTRAIN_REPORT_FD", "RINGTRAIN_RESTART_COUNT",
-         "RINGTRAIN_TIMELINE"]
+         "RINGTRAIN_TIMELINE", "RINGTRAIN_TIMELINE_MERGED_BY_LAUNCHER"]
 
 
 def test_config_re_exports_the_table_s_parsers():
