@@ -25,7 +25,8 @@ from there::
 Rank 0 writes the checkpoint: one pickle file, ``state.pkl``, in the directory given as
 ``State(directory=...)``, else in ``$RINGTRAIN_ELASTIC_DIR`` (set by the launcher). The
 values are taken as equal on every rank (data-parallel training), so only rank 0's are
-saved.
+saved. A commit copies them at once and writes the file in the background;
+:meth:`State.flush` waits until the last commit is on disk.
 
 ``import ringtrain.elastic`` (or ``from ringtrain import elastic``) imports neither
 mpi4py nor the collectives; they are imported when a :class:`State` is first committed
@@ -34,13 +35,15 @@ or restored.
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import pickle
 import tempfile
+import threading
 import warnings
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from ..variables import ELASTIC_DIR, RESTART_COUNT
 
@@ -62,12 +65,13 @@ def restart_count() -> int:
     return RESTART_COUNT.read()
 
 
-def write_atomically(path: str, data: bytes) -> None:
+def write_atomically(path: str, data: bytes | Callable[[BinaryIO], None]) -> None:
     """Put ``data`` at ``path`` so that a reader sees the old file or the new, never part.
 
-    The bytes go to a temporary file in the same directory, which is flushed, synced and
-    renamed onto ``path`` (``os.replace``, atomic on POSIX); then the directory is
-    synced, so the rename survives a crash of the machine too.
+    The bytes (or what ``data(file)`` writes) go to a temporary file in the same
+    directory, which is flushed, synced and renamed onto ``path`` (``os.replace``, atomic
+    on POSIX); then the directory is synced, so the rename survives a crash of the
+    machine too.
 
     Raises:
         OSError: the file cannot be written; ``path`` is left as it was and the
@@ -78,7 +82,10 @@ def write_atomically(path: str, data: bytes) -> None:
                                              suffix=".tmp", dir=directory)
     try:
         with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
+            if callable(data):
+                data(handle)
+            else:
+                handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)
@@ -166,15 +173,20 @@ class State:
                 self._values[name] = saved
 
     def commit(self) -> None:
-        """Save the state; return on every rank once it is on disk.
+        """Save the state: rank 0 copies it now and writes it to disk in the background.
 
-        Rank 0 writes the checkpoint atomically (:func:`write_atomically`); then it
-        tells every rank whether that worked, so no rank goes on before the commit is
-        durable, and a failed write raises on every rank. Every rank must call it (a
-        ShardedOptimizer among the values gathers its full state for rank 0 then).
+        Every rank must call it (a ShardedOptimizer among the values gathers its full
+        state for rank 0 then). Rank 0 copies the values before the call returns, so
+        training may change them at once, and pickles them into the file on a thread of its own
+        (atomically: :func:`write_atomically`), so a step is not held by the disk. A
+        commit waits for the previous commit's write to finish first (none is skipped),
+        and every rank learns whether that write worked: a write that failed raises at
+        the next commit, or at :meth:`flush`. Until the write is done the file holds the
+        previous commit, which a restart after a crash would resume from.
 
         Raises:
-            ElasticError: the checkpoint could not be written (on every rank).
+            ElasticError: the previous commit's checkpoint could not be written, or this
+                one could not be copied (on every rank).
         """
         from .. import collectives
 
@@ -186,25 +198,39 @@ class State:
                 consolidate()
         error = None
         if collectives.rank() == 0:
-            error = self._write()
+            error = _writer_of(self.checkpoint_path).wait() or self._start_write()
         error = collectives.broadcast_object(error, root_rank=0, name="elastic.commit")
         if error is not None:
             raise ElasticError(error)
 
-    def _write(self) -> str | None:
+    def flush(self) -> None:
+        """Return on every rank once the last commit is on disk (every rank must call it).
+
+        Raises:
+            ElasticError: it could not be written (on every rank).
+        """
+        from .. import collectives
+
+        collectives.init()
+        error = _writer_of(self.checkpoint_path).wait() if collectives.rank() == 0 else None
+        error = collectives.broadcast_object(error, root_rank=0, name="elastic.flush")
+        if error is not None:
+            raise ElasticError(error)
+
+    def _start_write(self) -> str | None:
+        """Pickle the values and start writing them; an error message, or None."""
         path = self.checkpoint_path
         if path is None:
             if not self._warned:
                 object.__setattr__(self, "_warned", True)
                 warnings.warn(f"no checkpoint directory (State(directory=...) or "
-                              f"${ELASTIC_DIR_VARIABLE}): commits are not saved", stacklevel=3)
+                              f"${ELASTIC_DIR_VARIABLE}): commits are not saved", stacklevel=4)
             return None
         try:
-            data = pickle.dumps(self.snapshot(), protocol=pickle.HIGHEST_PROTOCOL)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            write_atomically(path, data)
+            snapshot = copy.deepcopy(self.snapshot())
         except Exception as error:  # reported to every rank, raised there
             return f"cannot commit the elastic state to {path}: {type(error).__name__}: {error}"
+        _writer_of(path).start(snapshot)
         return None
 
     def restore(self) -> bool:
@@ -235,6 +261,8 @@ class State:
 
     def _read(self) -> tuple[str, Any]:
         path = self.checkpoint_path
+        if path is not None:
+            _writer_of(path).wait()  # this process's own last commit first
         if path is None or not os.path.exists(path):
             return "none", None
         try:
@@ -246,6 +274,51 @@ class State:
             return "error", f"cannot restore the elastic state from {path}: " \
                             f"{type(error).__name__}: {error}"
         return "snapshot", snapshot
+
+
+class _BackgroundWriter:
+    """Writes one checkpoint file on a thread of its own, one write at a time."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._thread: threading.Thread | None = None
+        self._error: str | None = None
+
+    def start(self, snapshot: dict[str, Any]) -> None:
+        """Start pickling ``snapshot`` into the file (after the write in progress, if any,
+        has finished); ``snapshot`` must not change until then."""
+        self.wait()
+        self._thread = threading.Thread(target=self._write, args=(snapshot,),
+                                        name="ringtrain-elastic-commit")
+        self._thread.start()
+
+    def wait(self) -> str | None:
+        """Wait for the write in progress; its error message, or None (reported once)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        return error
+
+    def _write(self, snapshot: dict[str, Any]) -> None:
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            write_atomically(self.path, lambda file: pickle.dump(
+                snapshot, file, protocol=pickle.HIGHEST_PROTOCOL))
+        except Exception as error:  # reported at the next commit, on every rank
+            self._error = (f"cannot commit the elastic state to {self.path}: "
+                           f"{type(error).__name__}: {error}")
+
+
+_writers: dict[str | None, _BackgroundWriter] = {}
+
+
+def _writer_of(path: str | None) -> _BackgroundWriter:
+    """The writer of checkpoint ``path`` in this process (one per file)."""
+    writer = _writers.get(path)
+    if writer is None:
+        writer = _writers[path] = _BackgroundWriter(path or "")
+    return writer
 
 
 def run(train: Callable[[State], Result]) -> Callable[[State], Result]:
