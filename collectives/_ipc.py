@@ -26,8 +26,8 @@ ring on host memory. No stream order crosses processes: a stream synchronize and
 barrier order the steps (a barrier on one node costs a few microseconds).
 
 Whether the ranks can map each other's memory is learnt once per group, by trying: every
-rank allocates, exports, opens its peers' buffers, and the ranks agree (a MIN allreduce)
-whether all of them succeeded. If one did not, the group reduces through host memory
+rank allocates, exports, opens its peers' buffers, and the ranks gather each other's
+outcome, so all of them know whether every one succeeded. If one did not, the group reduces through host memory
 from then on, and the lowest rank logs one INFO line saying why. The ranks try only when
 they share one node and each can share device memory at all (:func:`unusable_reason`).
 """

@@ -1,10 +1,10 @@
 """Device buffers that the processes of one node share (CUDA IPC).
 
 The one module that needs CUDA's inter-process memory handles (through numba's device
-arrays, which :mod:`.device` makes). :func:`shared_buffer`
-allocates a plain device buffer (``cuMemAlloc`` through numba's default allocator, never
-a slice of a framework's pool: a handle names a whole allocation) and exports its handle,
-which pickles; :func:`open_peer` maps another process's buffer into this one, once;
+arrays, which :mod:`.device` makes). :func:`shared_buffer` allocates a plain device
+buffer (``cuMemAlloc`` through numba's default allocator, never a slice of a framework's
+pool: a handle names a whole allocation) and exports its handle, which pickles;
+:func:`open_peer` maps another process's buffer into this one, once;
 :meth:`PeerBuffer.close` unmaps it. The exporter frees its buffer only after every peer
 has closed it.
 
