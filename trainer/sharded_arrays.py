@@ -37,7 +37,7 @@ from ..kernels import BFLOAT16
 from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec
 from ._buckets import fusion_threshold as resolve_fusion_threshold
 from ._names import repeated_names
-from .sharded_partition import Partition
+from .sharded_partition import Partition, wait_for_buckets
 
 SHARD_KEY = "ringtrain_shard"
 _Arrays = dict[str, np.ndarray]
@@ -151,21 +151,14 @@ class ArrayShardedOptimizer:
         self._launch_ready_buckets()
         launched = self._launched
         self._reset_step()
-        failure = None
-        for bucket_index, handle in launched:
-            try:
-                chunk = synchronize(handle)
-            except BaseException as error:  # the other buckets must still finish
-                if failure is None:
-                    error.add_note(f"while reducing {self.partition.buckets[bucket_index].name}")
-                    failure = error
-                continue
+
+        def deliver(bucket_index: int, chunk: np.ndarray) -> None:
             for position in self._pieces_of_bucket[bucket_index]:
                 piece = self.pieces[position]
                 name = self.parameter_names[piece.parameter]
                 self.shard_gradients[name][...] = chunk[piece.offset:piece.offset + piece.size]
-        if failure is not None:
-            raise failure
+
+        wait_for_buckets(self.partition.buckets, launched, deliver)
         self._synchronized = True
 
     @contextlib.contextmanager

@@ -35,14 +35,14 @@ from ..collectives.errors import InvalidArgumentError, UnsupportedDtypeError, Us
 from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec
 from ._buckets import fusion_threshold as resolve_fusion_threshold
 from ._dtypes import numpy_dtype
-from .torch_optimizer import named_trainable_parameters
-from .sharded_partition import Partition, Piece, ShardBucket
+from .torch_optimizer import WrappedOptimizerView, named_trainable_parameters
+from .sharded_partition import Partition, Piece, ShardBucket, wait_for_buckets
 from .sharded_state import consolidated_state_dict, load_state_dict, shard_state_dict
 
 _FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-class TorchShardedOptimizer(torch.optim.Optimizer):
+class TorchShardedOptimizer(WrappedOptimizerView, torch.optim.Optimizer):
     """Wraps a ``torch.optim.Optimizer`` so that each rank steps, and keeps optimizer
     state for, only its shard of the parameters (ZeRO stage 1 or 2).
 
@@ -116,38 +116,10 @@ class TorchShardedOptimizer(torch.optim.Optimizer):
         if existing is not None:
             load_state_dict(self, existing)
 
-    # The wrapped optimizer, seen through this object.
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        """The wrapped optimizer's groups: the user's hyper-parameters, this rank's pieces."""
-        return self.optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, groups: list[dict[str, Any]]) -> None:
-        self.optimizer.param_groups = groups
-
-    @property
-    def state(self) -> Any:  # type: ignore[override]
-        """The wrapped optimizer's state: this rank's pieces only."""
-        return self.optimizer.state
-
-    @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
-        """The wrapped optimizer's defaults."""
-        return self.optimizer.defaults
-
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Not supported: the partition is fixed when the optimizer is wrapped."""
         raise UsageError("add_param_group() on a ShardedOptimizer: add the group to the "
                          "optimizer before wrapping it")
-
-    def register_step_pre_hook(self, hook: Callable[..., Any]) -> Any:
-        """Registers ``hook`` on the wrapped optimizer."""
-        return self.optimizer.register_step_pre_hook(hook)
-
-    def register_step_post_hook(self, hook: Callable[..., Any]) -> Any:
-        """Registers ``hook`` on the wrapped optimizer."""
-        return self.optimizer.register_step_post_hook(hook)
 
     def state_elements(self) -> int:
         """Elements of the per-element state tensors this rank holds (all keys)."""
@@ -165,20 +137,13 @@ class TorchShardedOptimizer(torch.optim.Optimizer):
             self._launch_ready_buckets()
             launched = self._launched
             self._reset_step()
-        failure = None
-        for bucket_index, handle in launched:
-            try:
-                chunk = synchronize(handle)
-            except BaseException as error:  # the other buckets must still finish
-                if failure is None:
-                    error.add_note(f"while reducing {self.partition.buckets[bucket_index].name}")
-                    failure = error
-                continue
+
+        def deliver(bucket_index: int, chunk: torch.Tensor) -> None:
             for position in self._pieces_of_bucket[bucket_index]:
                 piece = self.pieces[position]
                 self.shards[position].grad = chunk[piece.offset:piece.offset + piece.size]
-        if failure is not None:
-            raise failure
+
+        wait_for_buckets(self.partition.buckets, launched, deliver)
         self._synchronized = True
 
     @contextlib.contextmanager

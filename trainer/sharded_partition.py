@@ -20,10 +20,12 @@ computes the same one without communicating.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
+from ..collectives import synchronize
 from ._buckets import GradientSpec, assign_buckets
 
 _NAMES_SHOWN = 3
@@ -132,3 +134,25 @@ class Partition:
     def __repr__(self) -> str:
         return (f"Partition({len(self.specs)} parameters, {self.total} elements in "
                 f"{len(self.buckets)} buckets over {self.size} ranks)")
+
+
+def wait_for_buckets(buckets: Sequence[ShardBucket], launched: Sequence[tuple[int, Any]],
+                     deliver: Callable[[int, Any], None]) -> None:
+    """Wait for every launched reduce-scatter (``(bucket index, handle)`` pairs) and hand
+    each bucket's chunk to ``deliver(bucket index, chunk)``.
+
+    All of them are waited for, also after one failed, so that no bucket is left in
+    flight; then the first failure is raised, noting its bucket.
+    """
+    failure = None
+    for bucket_index, handle in launched:
+        try:
+            chunk = synchronize(handle)
+        except BaseException as error:  # the other buckets must still finish
+            if failure is None:
+                error.add_note(f"while reducing {buckets[bucket_index].name}")
+                failure = error
+            continue
+        deliver(bucket_index, chunk)
+    if failure is not None:
+        raise failure

@@ -33,7 +33,42 @@ from .gradient_reducer import GradientReducer, predivide_factors
 from .master_weights import STATE_KEY, MasterWeights
 
 
-class TorchDistributedOptimizer(SynchronizedSteps, torch.optim.Optimizer):
+class WrappedOptimizerView:
+    """Mixin of a ``torch.optim.Optimizer`` that wraps one (``self.optimizer``): the
+    wrapped optimizer's parameter groups (learning rates live there), state, defaults and
+    step hooks, seen through the wrapper."""
+
+    optimizer: torch.optim.Optimizer
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The wrapped optimizer's parameter groups."""
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = groups
+
+    @property
+    def state(self) -> Any:
+        """The wrapped optimizer's per-parameter state."""
+        return self.optimizer.state
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """The wrapped optimizer's defaults."""
+        return self.optimizer.defaults
+
+    def register_step_pre_hook(self, hook: Callable[..., Any]) -> Any:
+        """Registers ``hook`` on the wrapped optimizer."""
+        return self.optimizer.register_step_pre_hook(hook)
+
+    def register_step_post_hook(self, hook: Callable[..., Any]) -> Any:
+        """Registers ``hook`` on the wrapped optimizer."""
+        return self.optimizer.register_step_post_hook(hook)
+
+
+class TorchDistributedOptimizer(WrappedOptimizerView, SynchronizedSteps, torch.optim.Optimizer):
     """Wraps a ``torch.optim.Optimizer`` so that ``step()`` uses gradients reduced across ranks.
 
     Args:
@@ -93,26 +128,6 @@ class TorchDistributedOptimizer(SynchronizedSteps, torch.optim.Optimizer):
         self._hooks = [hook for i, (_, p) in enumerate(self._parameters)
                        for hook in self._register_hooks(i, p)]
 
-    # The wrapped optimizer's state, seen through this object.
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        """The wrapped optimizer's parameter groups (learning rates live here)."""
-        return self.optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, groups: list[dict[str, Any]]) -> None:
-        self.optimizer.param_groups = groups
-
-    @property
-    def state(self) -> Any:  # type: ignore[override]
-        """The wrapped optimizer's per-parameter state."""
-        return self.optimizer.state
-
-    @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
-        """The wrapped optimizer's defaults."""
-        return self.optimizer.defaults
-
     def master_parameters(self) -> list[torch.Tensor]:
         """The tensors the wrapped optimizer steps, in the model's order: with
         ``master_weights=True`` the float32 copies in place of the float16/bfloat16
@@ -168,14 +183,6 @@ class TorchDistributedOptimizer(SynchronizedSteps, torch.optim.Optimizer):
         self._masters.check(saved)
         self.optimizer.load_state_dict(state_dict)
         self._masters.load_state_dict(saved)
-
-    def register_step_pre_hook(self, hook: Callable[..., Any]) -> Any:
-        """Registers ``hook`` on the wrapped optimizer."""
-        return self.optimizer.register_step_pre_hook(hook)
-
-    def register_step_post_hook(self, hook: Callable[..., Any]) -> Any:
-        """Registers ``hook`` on the wrapped optimizer."""
-        return self.optimizer.register_step_post_hook(hook)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Not supported: the buckets are fixed when the optimizer is wrapped."""
