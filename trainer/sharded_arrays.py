@@ -24,8 +24,7 @@ training code, so stage 2 frees nothing here; it is accepted for symmetry.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -37,7 +36,7 @@ from ..kernels import BFLOAT16
 from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec
 from ._buckets import fusion_threshold as resolve_fusion_threshold
 from ._names import repeated_names
-from .sharded_partition import Partition, wait_for_buckets
+from .sharded_partition import BucketSteps, Partition, wait_for_buckets
 
 SHARD_KEY = "ringtrain_shard"
 _Arrays = dict[str, np.ndarray]
@@ -45,7 +44,7 @@ _FLOATING = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64),
              np.dtype(BFLOAT16))
 
 
-class ArrayShardedOptimizer:
+class ArrayShardedOptimizer(BucketSteps):
     """Steps an optimizer over this rank's pieces of numpy parameters, with gradients
     reduce-scattered and parameters allgathered (see the module's docstring).
 
@@ -115,7 +114,6 @@ class ArrayShardedOptimizer:
                 f"rank {self.shard_rank}: the optimizer made by make_optimizer has no "
                 f"step() method ({type(self.optimizer).__name__})")
         self._synchronized = False
-        self._skip = False
         self._reset_step()
 
     def mark_ready(self, name: str) -> None:
@@ -160,15 +158,6 @@ class ArrayShardedOptimizer:
 
         wait_for_buckets(self.partition.buckets, launched, deliver)
         self._synchronized = True
-
-    @contextlib.contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
-        """``step()`` inside this block does not synchronize (after :meth:`synchronize`)."""
-        self._skip = True
-        try:
-            yield
-        finally:
-            self._skip = False
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
         """Synchronize (unless done already or inside :meth:`skip_synchronize`), call the
@@ -234,13 +223,6 @@ class ArrayShardedOptimizer:
                                          process_set=self.process_set)
             self._launched.append((bucket.index, handle))
             self._next_launch += 1
-
-    def _reset_step(self) -> None:
-        self._started = False
-        self._next_launch = 0
-        self._launched: list[tuple[int, Any]] = []
-        self._passes = [0] * len(self.parameters)
-        self._missing = [len(bucket.members) for bucket in self.partition.buckets]
 
     def _gather_parameters(self) -> None:
         handles = []

@@ -21,9 +21,8 @@ Reduce-scatter plus allgather move the bytes of one allreduce.
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -36,13 +35,13 @@ from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec
 from ._buckets import fusion_threshold as resolve_fusion_threshold
 from ._dtypes import numpy_dtype
 from .torch_optimizer import WrappedOptimizerView, named_trainable_parameters
-from .sharded_partition import Partition, Piece, ShardBucket, wait_for_buckets
+from .sharded_partition import BucketSteps, Partition, Piece, ShardBucket, wait_for_buckets
 from .sharded_state import consolidated_state_dict, load_state_dict, shard_state_dict
 
 _FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-class TorchShardedOptimizer(WrappedOptimizerView, torch.optim.Optimizer):
+class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optimizer):
     """Wraps a ``torch.optim.Optimizer`` so that each rank steps, and keeps optimizer
     state for, only its shard of the parameters (ZeRO stage 1 or 2).
 
@@ -145,15 +144,6 @@ class TorchShardedOptimizer(WrappedOptimizerView, torch.optim.Optimizer):
 
         wait_for_buckets(self.partition.buckets, launched, deliver)
         self._synchronized = True
-
-    @contextlib.contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
-        """``step()`` inside this block does not synchronize (after :meth:`synchronize`)."""
-        self._skip = True
-        try:
-            yield
-        finally:
-            self._skip = False
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """Synchronize (unless done already or inside :meth:`skip_synchronize`), step the
@@ -351,13 +341,6 @@ class TorchShardedOptimizer(WrappedOptimizerView, torch.optim.Optimizer):
                                      process_set=self.process_set)
         self._launched.append((bucket.index, handle))
         self._next_launch += 1
-
-    def _reset_step(self) -> None:
-        self._started = False
-        self._next_launch = 0
-        self._launched: list[tuple[int, Any]] = []
-        self._passes = [0] * len(self.parameters)
-        self._missing = [len(bucket.members) for bucket in self.partition.buckets]
 
     def _gather_parameters(self) -> None:
         """Allgather every bucket's updated chunks into the parameters, two buckets in

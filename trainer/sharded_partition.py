@@ -19,8 +19,9 @@ computes the same one without communicating.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -156,3 +157,29 @@ def wait_for_buckets(buckets: Sequence[ShardBucket], launched: Sequence[tuple[in
         deliver(bucket_index, chunk)
     if failure is not None:
         raise failure
+
+
+class BucketSteps:
+    """Mixin of the ShardedOptimizers: one step's bucket bookkeeping, and
+    :meth:`skip_synchronize`. A class using it sets ``partition`` and ``parameters``."""
+
+    partition: Partition
+    parameters: Sequence[Any]
+    _skip = False
+
+    def _reset_step(self) -> None:
+        """Nothing marked ready, launched or accumulated yet."""
+        self._started = False
+        self._next_launch = 0
+        self._launched: list[tuple[int, Any]] = []
+        self._passes = [0] * len(self.parameters)
+        self._missing = [len(bucket.members) for bucket in self.partition.buckets]
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """``step()`` inside this block does not synchronize (after ``synchronize()``)."""
+        self._skip = True
+        try:
+            yield
+        finally:
+            self._skip = False
