@@ -61,10 +61,20 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Iterable[tuple] | Non
     if torch is not None and isinstance(optimizer, torch.optim.Optimizer):
         from .torch_optimizer import TorchDistributedOptimizer
         return TorchDistributedOptimizer(optimizer, **arguments, master_weights=master_weights)
+    refuse_master_weights(master_weights, optimizer)
+    from .array_optimizer import ArrayDistributedOptimizer
+    return ArrayDistributedOptimizer(optimizer, **arguments)
+
+
+def refuse_master_weights(master_weights: Any, optimizer: Any) -> None:
+    """Raise unless ``master_weights`` is False: only a torch optimizer's parameters can be
+    replaced by float32 copies.
+
+    Raises:
+        InvalidArgumentError: ``master_weights`` other than False.
+    """
     if master_weights is not False:
         raise InvalidArgumentError(
             f"master_weights={master_weights!r} needs a torch.optim.Optimizer, got "
             f"{type(optimizer).__name__}: an optimizer over arrays steps the arrays it "
             f"was built with; build it over float32 copies of your parameters instead")
-    from .array_optimizer import ArrayDistributedOptimizer
-    return ArrayDistributedOptimizer(optimizer, **arguments)

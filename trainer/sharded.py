@@ -8,12 +8,14 @@ from typing import Any
 
 from ..collectives import ProcessSet
 from ._buckets import DEFAULT_FIRST_BUCKET_BYTES
+from .distributed_optimizer import refuse_master_weights
 
 
 def ShardedOptimizer(optimizer: Any, named_parameters: Iterable[tuple] | None = None,
                      stage: int = 1, process_set: ProcessSet | None = None, *,
                      backward_passes_per_step: int = 1, fusion_threshold: int | None = None,
-                     first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES) -> Any:
+                     first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
+                     master_weights: bool = False) -> Any:
     """Shard the optimizer state (stage 1) and the averaged gradients (stage 2) across
     the ranks: gradients are reduce-scattered, each rank steps its shard, the updated
     parameters are allgathered (see docs/sharded.md).
@@ -35,10 +37,13 @@ def ShardedOptimizer(optimizer: Any, named_parameters: Iterable[tuple] | None = 
         backward_passes_per_step: local backward passes accumulated per step.
         fusion_threshold: bucket size limit in bytes (0: one bucket per parameter).
         first_bucket_bytes: the first bucket's limit.
+        master_weights: PyTorch only: the wrapped optimizer steps float32 copies of this
+            rank's pieces of the float16 and bfloat16 parameters.
 
     Raises:
         InvalidArgumentError: a stage other than 1 or 2, duplicate or missing names, a
-            parameter that cannot be cut into views.
+            parameter that cannot be cut into views, ``master_weights=True`` for an
+            optimizer that is not PyTorch's.
         UnsupportedDtypeError: a parameter that is not floating point.
     """
     arguments = dict(named_parameters=named_parameters, stage=stage,
@@ -47,6 +52,7 @@ def ShardedOptimizer(optimizer: Any, named_parameters: Iterable[tuple] | None = 
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(optimizer, torch.optim.Optimizer):
         from .sharded_optimizer import TorchShardedOptimizer
-        return TorchShardedOptimizer(optimizer, **arguments)
+        return TorchShardedOptimizer(optimizer, **arguments, master_weights=master_weights)
+    refuse_master_weights(master_weights, optimizer)
     from .sharded_arrays import ArrayShardedOptimizer
     return ArrayShardedOptimizer(optimizer, **arguments)

@@ -17,6 +17,12 @@ moments) exists once across the ranks instead of once per rank. A training step:
    ``allgather``-s the updated chunks into every rank's parameters.
 
 Reduce-scatter plus allgather move the bytes of one allreduce.
+
+With ``master_weights=True`` the wrapped optimizer steps float32 copies of this rank's
+pieces of the float16 and bfloat16 parameters (ZeRO's fp32 master weights: each rank
+keeps the copies of its shard only, 4 bytes per owned element): the averaged 16-bit
+gradients are upcast into the copies' ``.grad``, and after the step the copies are
+rounded into the model's memory, whose 16-bit chunks are then allgathered.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from ..collectives.errors import InvalidArgumentError, UnsupportedDtypeError, Us
 from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec
 from ._buckets import fusion_threshold as resolve_fusion_threshold
 from ._dtypes import numpy_dtype
+from .master_weights import LOW_PRECISION
 from .torch_optimizer import WrappedOptimizerView, named_trainable_parameters
 from .sharded_partition import BucketSteps, Partition, Piece, ShardBucket, wait_for_buckets
 from .sharded_state import consolidated_state_dict, load_state_dict, shard_state_dict
@@ -61,10 +68,15 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
         backward_passes_per_step: backward passes accumulated locally per step.
         fusion_threshold: bucket size limit in bytes (default: as DistributedOptimizer).
         first_bucket_bytes: the first bucket's limit (default 1 MiB).
+        master_weights: the wrapped optimizer steps float32 copies of this rank's pieces
+            of the float16 and bfloat16 parameters (see the module's docstring); the
+            copies are taken from the model at the first step (so weights broadcast
+            after wrapping are kept) and are part of :meth:`state_dict`, under
+            ``"master_weights"`` as the DistributedOptimizer saves them.
 
     Raises:
         InvalidArgumentError: a stage other than 1 or 2, duplicate or missing names, a
-            non-contiguous parameter.
+            non-contiguous parameter, a ``master_weights`` that is not a bool.
         UnsupportedDtypeError: a parameter that is not floating point, or not on the CPU
             or a CUDA device.
     """
@@ -73,7 +85,8 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
                  named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
                  stage: int = 1, process_set: ProcessSet | None = None, *,
                  backward_passes_per_step: int = 1, fusion_threshold: int | None = None,
-                 first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES):
+                 first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
+                 master_weights: bool = False):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise InvalidArgumentError(
                 f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -83,6 +96,9 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
                 isinstance(backward_passes_per_step, bool) or backward_passes_per_step < 1:
             raise InvalidArgumentError(f"backward_passes_per_step must be an integer >= 1, "
                                        f"got {backward_passes_per_step!r}")
+        if not isinstance(master_weights, bool):
+            raise InvalidArgumentError(
+                f"master_weights must be True or False, got {master_weights!r}")
         self.optimizer = optimizer
         self.stage = stage
         self.process_set = process_set
@@ -99,8 +115,12 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
         existing = optimizer.state_dict() if optimizer.state else None
         self.group_parameters = [list(group["params"]) for group in optimizer.param_groups]
         self.pieces: list[Piece] = self.partition.pieces(self.shard_rank)
-        self.shards = [self.parameters[p.parameter].detach().view(-1)[p.start:p.stop]
-                       for p in self.pieces]
+        self.views = [self.parameters[p.parameter].detach().view(-1)[p.start:p.stop]
+                      for p in self.pieces]
+        self.master_weights = master_weights
+        self.shards = [_master_of(view) if master_weights and view.dtype in LOW_PRECISION
+                       else view for view in self.views]
+        self.masters_taken = False
         self.group_pieces = self._rebuild_groups()
         self._pieces_of_bucket: list[list[int]] = [[] for _ in self.partition.buckets]
         for position, piece in enumerate(self.pieces):
@@ -140,7 +160,10 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
         def deliver(bucket_index: int, chunk: torch.Tensor) -> None:
             for position in self._pieces_of_bucket[bucket_index]:
                 piece = self.pieces[position]
-                self.shards[position].grad = chunk[piece.offset:piece.offset + piece.size]
+                shard = self.shards[position]
+                gradient = chunk[piece.offset:piece.offset + piece.size]
+                shard.grad = gradient if gradient.dtype == shard.dtype else \
+                    gradient.to(shard.dtype)
 
         wait_for_buckets(self.partition.buckets, launched, deliver)
         self._synchronized = True
@@ -155,11 +178,24 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
                 loss = closure()
         if not self._synchronized and not self._skip:
             self.synchronize()
+        self.take_masters_from_model()
         self.optimizer.step()
         self._synchronized = False
         self._consolidated = None
+        self._round_masters_into_model()
         self._gather_parameters()
         return loss
+
+    def take_masters_from_model(self) -> None:
+        """Set the float32 copies (``master_weights=True``) to the model's parameters,
+        unless done already (or loaded from a state dict)."""
+        if self.masters_taken:
+            return
+        with torch.no_grad():
+            for shard, view in zip(self.shards, self.views):
+                if shard is not view:
+                    shard.copy_(view)
+        self.masters_taken = True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the parameters' and the pieces' gradients.
@@ -256,9 +292,10 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
         self._hooks = []
 
     def __repr__(self) -> str:
+        masters = ", float32 master weights" if self.master_weights else ""
         return (f"TorchShardedOptimizer(stage {self.stage}, rank {self.shard_rank} of "
                 f"{self.shard_size}: {self.partition.elements(self.shard_rank)} of "
-                f"{self.partition.total} elements in {len(self.pieces)} pieces, "
+                f"{self.partition.total} elements in {len(self.pieces)} pieces{masters}, "
                 f"{self.optimizer!r})")
 
     def __getstate__(self) -> Any:
@@ -342,6 +379,12 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
         self._launched.append((bucket.index, handle))
         self._next_launch += 1
 
+    def _round_masters_into_model(self) -> None:
+        with torch.no_grad():
+            for shard, view in zip(self.shards, self.views):
+                if shard is not view:
+                    view.copy_(shard)
+
     def _gather_parameters(self) -> None:
         """Allgather every bucket's updated chunks into the parameters, two buckets in
         flight at a time (so at most two buckets' gathered copies exist at once)."""
@@ -350,7 +393,7 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
 
         def launch(index: int) -> None:
             bucket = buckets[index]
-            owned = [self.shards[p].detach() for p in self._pieces_of_bucket[index]]
+            owned = [self.views[p] for p in self._pieces_of_bucket[index]]
             if owned:
                 chunk = owned[0] if len(owned) == 1 else torch.cat(owned)
             else:
@@ -369,6 +412,11 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
             for member, offset in zip(bucket.members, bucket.offsets):
                 parameter = self.parameters[member]
                 parameter.detach().view(-1).copy_(flat[offset:offset + parameter.numel()])
+
+
+def _master_of(view: torch.Tensor) -> torch.Tensor:
+    """A float32 copy of a 16-bit piece (its values are taken at the first step)."""
+    return torch.empty(view.shape, dtype=torch.float32, device=view.device)
 
 
 def _spec(name: str, parameter: torch.Tensor, shard_rank: int) -> GradientSpec:

@@ -14,6 +14,12 @@ Two forms:
   they are. It loads into an unsharded torch optimizer of the same parameters, and into a
   ShardedOptimizer over any number of ranks, each taking its own pieces.
 
+With ``master_weights=True`` both forms also hold the float32 copies under
+``"master_weights"``: the shard form by piece, the consolidated form as the
+DistributedOptimizer saves them (``{position in param_groups: tensor}``), so each loads
+where the other optimizer's state loads. A state without them leaves the copies to be
+taken from the model at the next step.
+
 Consolidation gathers the state bucket by bucket with ``allgather`` (one message per
 bucket and state key), so no rank holds more than one bucket's worth of others' state
 at a time, except ``to_rank``, which keeps the result.
@@ -28,6 +34,7 @@ import torch
 
 from ..collectives import ProcessSet, allgather, allgather_object
 from ..collectives.errors import InvalidArgumentError
+from .master_weights import LOW_PRECISION, STATE_KEY
 from .sharded_partition import Partition, Piece
 
 SHARD_KEY = "ringtrain_shard"
@@ -48,7 +55,18 @@ class Sharded(Protocol):
     group_parameters: list[list[torch.Tensor]]
     pieces: list[Piece]
     shards: list[torch.Tensor]
+    views: list[torch.Tensor]
     group_pieces: list[list[int]]
+    master_weights: bool
+    masters_taken: bool
+
+    def take_masters_from_model(self) -> None: ...
+
+
+def _master_positions(sharded: Sharded) -> list[int]:
+    """The positions of the pieces stepped through a float32 copy."""
+    return [position for position, (shard, view) in
+            enumerate(zip(sharded.shards, sharded.views)) if shard is not view]
 
 
 def _elementwise(value: Any, shard: torch.Tensor) -> bool:
@@ -65,6 +83,10 @@ def shard_state_dict(sharded: Sharded) -> dict[str, Any]:
     """This rank's shard of the state (see the module's docstring)."""
     state = sharded.optimizer.state_dict()
     state[SHARD_KEY] = _shard_signature(sharded)
+    if sharded.master_weights:
+        sharded.take_masters_from_model()
+        state[STATE_KEY] = {position: sharded.shards[position].detach()
+                            for position in _master_positions(sharded)}
     return state
 
 
@@ -76,6 +98,8 @@ def _shard_signature(sharded: Sharded) -> dict[str, Any]:
 
 def consolidated_state_dict(sharded: Sharded, to_rank: int) -> dict[str, Any] | None:
     """The whole state on ``to_rank`` (None elsewhere); collective over the process set."""
+    if sharded.master_weights:
+        sharded.take_masters_from_model()
     pieces, shards = sharded.pieces, sharded.shards
     state = sharded.optimizer.state
     keys: dict[int, dict[str, str]] = {}
@@ -136,9 +160,34 @@ def consolidated_state_dict(sharded: Sharded, to_rank: int) -> dict[str, Any] | 
                     continue
                 full.setdefault(member, {})[key] = \
                     gathered[offset:offset + parameter.numel()].reshape(parameter.shape).clone()
+    masters = _gathered_masters(sharded, by_bucket, to_rank)
     if me != to_rank:
         return None
-    return _torch_state_dict(sharded, full, first_scalars)
+    return _torch_state_dict(sharded, full, first_scalars, masters)
+
+
+def _gathered_masters(sharded: Sharded, by_bucket: dict[int, list[int]],
+                      to_rank: int) -> dict[int, torch.Tensor] | None:
+    """Every float16/bfloat16 parameter's whole float32 copy on ``to_rank`` (by parameter
+    index), gathered bucket by bucket; None without master weights."""
+    if not sharded.master_weights:
+        return None
+    parameters, masters = sharded.parameters, {}
+    for bucket in sharded.partition.buckets:
+        first = parameters[bucket.members[0]]
+        if first.dtype not in LOW_PRECISION:
+            continue
+        parts = [sharded.shards[position].detach() for position in by_bucket.get(bucket.index, [])]
+        chunk = torch.cat(parts) if parts else \
+            torch.empty(0, dtype=torch.float32, device=first.device)
+        gathered = allgather(chunk, name=f"{bucket.name} master weights",
+                             process_set=sharded.process_set)
+        if sharded.shard_rank == to_rank:
+            for member, offset in zip(bucket.members, bucket.offsets):
+                parameter = parameters[member]
+                masters[member] = gathered[offset:offset + parameter.numel()].reshape(
+                    parameter.shape).clone()
+    return masters
 
 
 def _to_cpu(value: Any) -> Any:
@@ -147,16 +196,21 @@ def _to_cpu(value: Any) -> Any:
 
 
 def _torch_state_dict(sharded: Sharded, full: dict[int, dict[str, torch.Tensor]],
-                      scalars: dict[int, list[tuple[str, Any]]]) -> dict[str, Any]:
-    """A plain torch ``state_dict()`` over the user's parameter groups."""
+                      scalars: dict[int, list[tuple[str, Any]]],
+                      masters: dict[int, torch.Tensor] | None) -> dict[str, Any]:
+    """A plain torch ``state_dict()`` over the user's parameter groups, with the float32
+    copies (by position) when ``masters`` is not None."""
     index_of = {id(p): i for i, p in enumerate(sharded.parameters)}
     state: dict[int, dict[str, Any]] = {}
+    saved_masters: dict[int, torch.Tensor] = {}
     groups = []
     position = 0
     for group, originals in zip(sharded.optimizer.param_groups, sharded.group_parameters):
         indices = []
         for parameter in originals:
             member = index_of.get(id(parameter))
+            if masters is not None and member in masters:
+                saved_masters[position] = masters[member]
             if member is not None and (member in full or member in scalars):
                 entries: dict[str, Any] = {}
                 for key, value in scalars.get(member, []):
@@ -173,7 +227,10 @@ def _torch_state_dict(sharded: Sharded, full: dict[int, dict[str, torch.Tensor]]
         saved = {key: copy.deepcopy(value) for key, value in group.items() if key != "params"}
         saved["params"] = indices
         groups.append(saved)
-    return {"state": state, "param_groups": groups}
+    result: dict[str, Any] = {"state": state, "param_groups": groups}
+    if masters is not None:
+        result[STATE_KEY] = saved_masters
+    return result
 
 
 def load_state_dict(sharded: Sharded, state_dict: dict[str, Any]) -> None:
@@ -206,10 +263,69 @@ def load_state_dict(sharded: Sharded, state_dict: dict[str, Any]) -> None:
                 f"a ShardedOptimizer (ringtrain.elastic.State saves the shard of "
                 f"rank 0 only unless optimizer.consolidate_state_dict() ran on every rank "
                 f"before commit())")
-        local = {key: value for key, value in state_dict.items() if key != SHARD_KEY}
+        masters = _masters_of_shard(sharded, state_dict.get(STATE_KEY))
+        local = {key: value for key, value in state_dict.items()
+                 if key not in (SHARD_KEY, STATE_KEY)}
         sharded.optimizer.load_state_dict(local)
+    else:
+        masters = _masters_of_consolidated(sharded, state_dict)
+        sharded.optimizer.load_state_dict(_local_from_consolidated(sharded, state_dict))
+    _set_masters(sharded, masters)
+
+
+def _masters_of_shard(sharded: Sharded, saved: Any) -> dict[int, torch.Tensor] | None:
+    """The float32 copies of a shard's state by piece position (None: take them from the
+    model)."""
+    if not sharded.master_weights or saved is None:
+        return None
+    expected = _master_positions(sharded)
+    if not isinstance(saved, dict) or sorted(saved) != expected:
+        raise InvalidArgumentError(
+            f"rank {sharded.shard_rank}: the shard's float32 master weights are for the "
+            f"pieces {sorted(saved) if isinstance(saved, dict) else saved!r}; this optimizer "
+            f"steps float32 copies of the pieces {expected}")
+    return dict(saved)
+
+
+def _masters_of_consolidated(sharded: Sharded,
+                             state_dict: dict[str, Any]) -> dict[int, torch.Tensor] | None:
+    """This rank's pieces of the float32 copies of a consolidated state (or of a
+    DistributedOptimizer's with master weights), by piece position."""
+    saved = state_dict.get(STATE_KEY)
+    if not sharded.master_weights or saved is None:
+        return None
+    position_of = {id(p): position for position, p in
+                   enumerate(p for params in sharded.group_parameters for p in params)}
+    pieces = {}
+    for position in _master_positions(sharded):
+        piece = sharded.pieces[position]
+        parameter = sharded.parameters[piece.parameter]
+        value = saved.get(position_of[id(parameter)])
+        pieces[position] = _cut(value, parameter, piece, sharded.parameter_names[piece.parameter],
+                                STATE_KEY, sharded.shard_rank) if value is not None else None
+    missing = [sharded.parameter_names[sharded.pieces[p].parameter]
+               for p, value in pieces.items() if value is None]
+    if missing:
+        raise InvalidArgumentError(
+            f"rank {sharded.shard_rank}: the state's float32 master weights lack the "
+            f"parameter(s) {missing}; load a state saved over the same model with "
+            f"master_weights=True")
+    return pieces
+
+
+def _set_masters(sharded: Sharded, masters: dict[int, torch.Tensor] | None) -> None:
+    """Set the float32 copies and round them into the model's memory (None: take them
+    from the model at the next step)."""
+    if not sharded.master_weights:
         return
-    sharded.optimizer.load_state_dict(_local_from_consolidated(sharded, state_dict))
+    if masters is None:
+        sharded.masters_taken = False
+        return
+    with torch.no_grad():
+        for position, value in masters.items():
+            sharded.shards[position].copy_(value.reshape(-1))
+            sharded.views[position].copy_(sharded.shards[position])
+    sharded.masters_taken = True
 
 
 def _local_from_consolidated(sharded: Sharded,
