@@ -6,7 +6,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from ..collectives import ProcessSet
+from ..collectives import Compression, Compressor, ProcessSet
 from ._buckets import DEFAULT_FIRST_BUCKET_BYTES
 from .distributed_optimizer import refuse_master_weights
 
@@ -15,6 +15,7 @@ def ShardedOptimizer(optimizer: Any, named_parameters: Iterable[tuple] | None = 
                      stage: int = 1, process_set: ProcessSet | None = None, *,
                      backward_passes_per_step: int = 1, fusion_threshold: int | None = None,
                      first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
+                     compression: Compressor = Compression.none,
                      master_weights: bool = False) -> Any:
     """Shard the optimizer state (stage 1) and the averaged gradients (stage 2) across
     the ranks: gradients are reduce-scattered, each rank steps its shard, the updated
@@ -37,6 +38,8 @@ def ShardedOptimizer(optimizer: Any, named_parameters: Iterable[tuple] | None = 
         backward_passes_per_step: local backward passes accumulated per step.
         fusion_threshold: bucket size limit in bytes (0: one bucket per parameter).
         first_bucket_bytes: the first bucket's limit.
+        compression: ``Compression.fp16`` or ``Compression.bf16`` reduce-scatter float32
+            gradients as 16-bit floats.
         master_weights: PyTorch only: the wrapped optimizer steps float32 copies of this
             rank's pieces of the float16 and bfloat16 parameters.
 
@@ -48,7 +51,8 @@ def ShardedOptimizer(optimizer: Any, named_parameters: Iterable[tuple] | None = 
     """
     arguments = dict(named_parameters=named_parameters, stage=stage,
                      process_set=process_set, backward_passes_per_step=backward_passes_per_step,
-                     fusion_threshold=fusion_threshold, first_bucket_bytes=first_bucket_bytes)
+                     fusion_threshold=fusion_threshold, first_bucket_bytes=first_bucket_bytes,
+                     compression=compression)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(optimizer, torch.optim.Optimizer):
         from .sharded_optimizer import TorchShardedOptimizer

@@ -29,14 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from ..collectives import (Average, ProcessSet, allgather_async, rank, reducescatter_async,
-                           size, synchronize)
+from ..collectives import (Average, Compression, Compressor, ProcessSet, allgather_async,
+                           rank, reducescatter_async, size, synchronize)
 from ..collectives.errors import InvalidArgumentError, UnsupportedDtypeError, UsageError
 from ..kernels import BFLOAT16
 from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec
 from ._buckets import fusion_threshold as resolve_fusion_threshold
 from ._names import repeated_names
-from .sharded_partition import BucketSteps, Partition, wait_for_buckets
+from .sharded_partition import BucketSteps, Partition, check_arguments, wait_for_buckets
 
 SHARD_KEY = "ringtrain_shard"
 _Arrays = dict[str, np.ndarray]
@@ -56,7 +56,7 @@ class ArrayShardedOptimizer(BucketSteps):
             host numpy arrays, contiguous, floating point, gradients writable and of
             their parameter's shape and dtype.
         stage, process_set, backward_passes_per_step, fusion_threshold,
-            first_bucket_bytes: as for the PyTorch ShardedOptimizer.
+            first_bucket_bytes, compression: as for the PyTorch ShardedOptimizer.
 
     Raises:
         InvalidArgumentError: a factory that is not callable, malformed triples,
@@ -68,7 +68,8 @@ class ArrayShardedOptimizer(BucketSteps):
                  named_parameters: Iterable[tuple[str, np.ndarray, np.ndarray]] | None,
                  stage: int = 1, process_set: ProcessSet | None = None, *,
                  backward_passes_per_step: int = 1, fusion_threshold: int | None = None,
-                 first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES):
+                 first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
+                 compression: Compressor = Compression.none):
         self.shard_rank = rank() if process_set is None else process_set.rank()
         self.shard_size = size() if process_set is None else process_set.size()
         if not callable(make_optimizer):
@@ -77,17 +78,13 @@ class ArrayShardedOptimizer(BucketSteps):
                 f"for numpy training loops, a callable make(parameters, gradients) that "
                 f"builds the optimizer over this rank's pieces; got "
                 f"{type(make_optimizer).__name__}")
-        if stage not in (1, 2) or isinstance(stage, bool):
-            raise InvalidArgumentError(f"stage must be 1 or 2, got {stage!r}")
-        if not isinstance(backward_passes_per_step, int) or \
-                isinstance(backward_passes_per_step, bool) or backward_passes_per_step < 1:
-            raise InvalidArgumentError(f"backward_passes_per_step must be an integer >= 1, "
-                                       f"got {backward_passes_per_step!r}")
+        check_arguments(stage, backward_passes_per_step, compression)
         if named_parameters is None:
             raise InvalidArgumentError(
                 f"rank {self.shard_rank}: named_parameters is required for numpy training "
                 f"loops: (name, parameter, gradient) triples in the model's order")
         self.stage = stage
+        self.compression = compression
         self.process_set = process_set
         self.backward_passes_per_step = backward_passes_per_step
         triples = _checked_triples(named_parameters, self.shard_rank)
@@ -220,7 +217,8 @@ class ArrayShardedOptimizer(BucketSteps):
                 gradient = self.gradients[member]
                 buffer[offset:offset + gradient.size] = gradient.reshape(-1)
             handle = reducescatter_async(buffer, op=Average, name=bucket.name,
-                                         process_set=self.process_set)
+                                         process_set=self.process_set,
+                                         compression=self.compression)
             self._launched.append((bucket.index, handle))
             self._next_launch += 1
 

@@ -34,15 +34,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..collectives import (Average, Max, ProcessSet, Sum, allgather_async, allreduce, rank,
-                           reducescatter_async, size, synchronize)
+from ..collectives import (Average, Compression, Compressor, Max, ProcessSet, Sum,
+                           allgather_async, allreduce, rank, reducescatter_async, size,
+                           synchronize)
 from ..collectives.errors import InvalidArgumentError, UnsupportedDtypeError, UsageError
 from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec
 from ._buckets import fusion_threshold as resolve_fusion_threshold
 from ._dtypes import numpy_dtype
 from .master_weights import LOW_PRECISION
 from .torch_optimizer import WrappedOptimizerView, named_trainable_parameters
-from .sharded_partition import BucketSteps, Partition, Piece, ShardBucket, wait_for_buckets
+from .sharded_partition import (BucketSteps, Partition, Piece, ShardBucket, check_arguments,
+                                wait_for_buckets)
 from .sharded_state import consolidated_state_dict, load_state_dict, shard_state_dict
 
 _FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -68,6 +70,9 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
         backward_passes_per_step: backward passes accumulated locally per step.
         fusion_threshold: bucket size limit in bytes (default: as DistributedOptimizer).
         first_bucket_bytes: the first bucket's limit (default 1 MiB).
+        compression: ``Compression.fp16`` or ``Compression.bf16``: float32 gradients are
+            reduce-scattered as 16-bit floats (as the DistributedOptimizer's allreduce
+            compresses them); the parameters' allgather is not compressed.
         master_weights: the wrapped optimizer steps float32 copies of this rank's pieces
             of the float16 and bfloat16 parameters (see the module's docstring); the
             copies are taken from the model at the first step (so weights broadcast
@@ -86,21 +91,18 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
                  stage: int = 1, process_set: ProcessSet | None = None, *,
                  backward_passes_per_step: int = 1, fusion_threshold: int | None = None,
                  first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
+                 compression: Compressor = Compression.none,
                  master_weights: bool = False):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise InvalidArgumentError(
                 f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        if stage not in (1, 2) or isinstance(stage, bool):
-            raise InvalidArgumentError(f"stage must be 1 or 2, got {stage!r}")
-        if not isinstance(backward_passes_per_step, int) or \
-                isinstance(backward_passes_per_step, bool) or backward_passes_per_step < 1:
-            raise InvalidArgumentError(f"backward_passes_per_step must be an integer >= 1, "
-                                       f"got {backward_passes_per_step!r}")
+        check_arguments(stage, backward_passes_per_step, compression)
         if not isinstance(master_weights, bool):
             raise InvalidArgumentError(
                 f"master_weights must be True or False, got {master_weights!r}")
         self.optimizer = optimizer
         self.stage = stage
+        self.compression = compression
         self.process_set = process_set
         self.shard_rank = rank() if process_set is None else process_set.rank()
         self.shard_size = size() if process_set is None else process_set.size()
@@ -375,7 +377,8 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
 
     def _launch(self, bucket: ShardBucket, buffer: torch.Tensor) -> None:
         handle = reducescatter_async(buffer, op=Average, name=bucket.name,
-                                     process_set=self.process_set)
+                                     process_set=self.process_set,
+                                     compression=self.compression)
         self._launched.append((bucket.index, handle))
         self._next_launch += 1
 

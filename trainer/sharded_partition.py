@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from ..collectives import synchronize
+from ..collectives import Compressor, synchronize
+from ..collectives.errors import InvalidArgumentError
 from ._buckets import GradientSpec, assign_buckets
 
 _NAMES_SHOWN = 3
@@ -135,6 +136,21 @@ class Partition:
     def __repr__(self) -> str:
         return (f"Partition({len(self.specs)} parameters, {self.total} elements in "
                 f"{len(self.buckets)} buckets over {self.size} ranks)")
+
+
+def check_arguments(stage: Any, backward_passes_per_step: Any, compression: Any) -> None:
+    """Raise InvalidArgumentError unless the ShardedOptimizers' common arguments are valid:
+    ``stage`` 1 or 2, ``backward_passes_per_step`` an integer >= 1, ``compression`` a
+    :class:`~ringtrain.Compressor`."""
+    if stage not in (1, 2) or isinstance(stage, bool):
+        raise InvalidArgumentError(f"stage must be 1 or 2, got {stage!r}")
+    if not isinstance(backward_passes_per_step, int) or \
+            isinstance(backward_passes_per_step, bool) or backward_passes_per_step < 1:
+        raise InvalidArgumentError(f"backward_passes_per_step must be an integer >= 1, "
+                                   f"got {backward_passes_per_step!r}")
+    if not isinstance(compression, Compressor):
+        raise InvalidArgumentError(f"compression must be Compression.none, .fp16, .bf16 or "
+                                   f"another Compressor, got {compression!r}")
 
 
 def wait_for_buckets(buckets: Sequence[ShardBucket], launched: Sequence[tuple[int, Any]],

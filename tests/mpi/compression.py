@@ -1,4 +1,5 @@
-"""allreduce with fp16 and bf16 compression, checked against numpy on any number of ranks.
+"""allreduce and reducescatter with fp16 and bf16 compression, checked against numpy on
+any number of ranks.
 
 Run: mpiexec -n K python tests/mpi/compression.py [--only SUBSTRING]
 """
@@ -75,6 +76,41 @@ for _compressor in COMPRESSORS:
         for _in_place in (False, True):
             check(lambda c=_compressor, a=_algorithm, p=_in_place: matrix(c, a, p),
                   name=f"{_compressor}_{_algorithm}_{'in_place' if _in_place else 'out_of_place'}")
+
+
+@check
+def reducescatter_compresses_float32():
+    """Each rank's share of the compressed reduction, within the allreduce's bound; the
+    result is float32 of the share's shape, torch in, torch out; other dtypes travel as
+    they are; a rank compressing where the others do not gets a MismatchError."""
+    k, me = rt.size(), rt.rank()
+    for compressor in COMPRESSORS:
+        for op in (rt.Average, rt.Sum, rt.Max):
+            for shape in [(1,), (3 * k + 1, 5), (37 * k + 2,)]:
+                x = make_input(me, shape, np.float32, op, "rs", compressor)
+                inputs = all_inputs(range(k), shape, np.float32, op, "rs", compressor)
+                y = rt.reducescatter(x, op, name="rs", postscale_factor=0.5,
+                                     compression=COMPRESSORS[compressor])
+                share = [np.array_split(v, k)[me] for v in inputs]
+                assert_close_to(y, share, op, compressor,
+                                f"reducescatter({compressor}, {op.name}, {shape})",
+                                postscale=0.5)
+        torch = __import__("torch")
+        t = rt.reducescatter_async(torch.ones(2 * k + 1), rt.Sum, name="t",
+                                   compression=COMPRESSORS[compressor])
+        out = rt.synchronize(t)
+        assert isinstance(out, torch.Tensor) and out.dtype == torch.float32, out
+        assert torch.equal(out, torch.full_like(out, k)), out
+        ints = np.arange(3 * k, dtype=np.int32)
+        assert_equal_arrays(rt.reducescatter(ints, rt.Sum, name="i",
+                                             compression=COMPRESSORS[compressor]),
+                            np.array_split(ints * k, k)[me], "int32 reducescatter")
+    if k > 1:
+        compression = rt.Compression.fp16 if me == 0 else rt.Compression.none
+        expect_raises(rt.MismatchError, rt.reducescatter, np.ones(k, np.float32), name="m",
+                      compression=compression, match=["'m'", "compression"])
+    assert_equal_arrays(rt.reducescatter(np.ones(k, np.float32), rt.Sum, name="after"),
+                        np.full(1, k, np.float32), "a reducescatter after the mismatch")
 
 
 @check
