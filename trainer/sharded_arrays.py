@@ -36,7 +36,9 @@ from ..kernels import BFLOAT16
 from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec
 from ._buckets import fusion_threshold as resolve_fusion_threshold
 from ._names import repeated_names
-from .sharded_partition import BucketSteps, Partition, check_arguments, wait_for_buckets
+from .sharded_array_state import consolidated_state_dict, local_from_consolidated
+from .sharded_partition import (BucketSteps, Partition, check_arguments, clip_coefficient,
+                                wait_for_buckets)
 
 SHARD_KEY = "ringtrain_shard"
 _Arrays = dict[str, np.ndarray]
@@ -111,6 +113,7 @@ class ArrayShardedOptimizer(BucketSteps):
                 f"rank {self.shard_rank}: the optimizer made by make_optimizer has no "
                 f"step() method ({type(self.optimizer).__name__})")
         self._synchronized = False
+        self._consolidated: Any = None
         self._reset_step()
 
     def mark_ready(self, name: str) -> None:
@@ -163,6 +166,7 @@ class ArrayShardedOptimizer(BucketSteps):
             self.synchronize()
         result = self.optimizer.step(*args, **kwargs)
         self._synchronized = False
+        self._consolidated = None
         self._gather_parameters()
         return result
 
@@ -183,25 +187,76 @@ class ArrayShardedOptimizer(BucketSteps):
             zero_grad()
         self._synchronized = False
 
-    def state_dict(self) -> dict[str, Any]:
-        """This rank's shard: the optimizer's ``state_dict()`` and the partition it
-        belongs to (an optimizer over arrays has no general consolidated form)."""
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> float:
+        """Scale the averaged gradient pieces so that their norm over all ranks' shards is
+        at most ``max_norm``; synchronizes first if needed (then call ``step()``).
+
+        Returns:
+            The total norm of the averaged gradients before clipping.
+        """
+        if not self._synchronized:
+            self.synchronize()
+        gradients = [g for g in self.shard_gradients.values() if g.size]
+        norm_type = float(norm_type)
+        if norm_type == float("inf"):
+            local = max((float(np.abs(g).max()) for g in gradients), default=0.0)
+        else:
+            local = sum(float((np.abs(g.astype(np.float64)) ** norm_type).sum())
+                        for g in gradients)
+        total, coefficient = clip_coefficient(local, max_norm, norm_type, self.process_set)
+        if coefficient < 1.0:
+            for gradient in gradients:
+                gradient *= gradient.dtype.type(coefficient)
+        return total
+
+    def state_dict(self, consolidate: bool | None = None, to_rank: int = 0) -> Any:
+        """The optimizer's state.
+
+        Args:
+            consolidate: True: on ``to_rank``, the state the same optimizer over the whole
+                parameters would hold, when it keeps per-element state in dicts keyed by
+                parameter name (see :mod:`~ringtrain.trainer.sharded_array_state`); None
+                on the other ranks; collective. False: this rank's shard (the optimizer's
+                ``state_dict()`` and the partition it belongs to; no communication).
+                None (default): what :meth:`consolidate_state_dict` left on this rank if
+                no step came since, else the shard.
+            to_rank: the rank (in the process set) that receives the consolidated state.
+        """
+        if consolidate:
+            return consolidated_state_dict(self, self._check_rank(to_rank))
+        if consolidate is None and self._consolidated is not None:
+            return self._consolidated
         return {SHARD_KEY: self._signature(), "optimizer": self.optimizer.state_dict()}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load this rank's shard.
+    def consolidate_state_dict(self, to_rank: int = 0) -> None:
+        """Gather the whole state onto ``to_rank``, where the next ``state_dict()`` returns
+        it until the next ``step()``; collective (``ringtrain.elastic.State.commit()``
+        calls it)."""
+        self._consolidated = consolidated_state_dict(self, self._check_rank(to_rank))
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Load this rank's shard, or a consolidated state (saved with any number of
+        ranks, or by the same optimizer over the whole parameters), of which this rank
+        takes its pieces.
 
         Raises:
-            InvalidArgumentError: another rank's or another partition's shard.
+            InvalidArgumentError: another rank's or another partition's shard, or
+                per-element state that does not fit the parameters.
         """
+        self._consolidated = None
         signature = state_dict.get(SHARD_KEY) if isinstance(state_dict, dict) else None
+        if signature is None:
+            self.optimizer.load_state_dict(local_from_consolidated(self, state_dict))
+            return
         if signature != self._signature():
             found = "not a ShardedOptimizer state" if not isinstance(signature, dict) else \
                 f"the shard of rank {signature.get('rank')} of {signature.get('size')}"
             raise InvalidArgumentError(
                 f"rank {self.shard_rank}: this state_dict is not this rank's shard "
-                f"({self.shard_rank} of {self.shard_size}) but {found}")
+                f"({self.shard_rank} of {self.shard_size}) but {found}: save "
+                f"state_dict(consolidate=True) to load it on other ranks")
         self.optimizer.load_state_dict(state_dict["optimizer"])
+
 
     def _signature(self) -> dict[str, Any]:
         return {"rank": self.shard_rank, "size": self.shard_size,

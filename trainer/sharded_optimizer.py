@@ -31,12 +31,10 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import numpy as np
 import torch
 
-from ..collectives import (Average, Compression, Compressor, Max, ProcessSet, Sum,
-                           allgather_async, allreduce, rank, reducescatter_async, size,
-                           synchronize)
+from ..collectives import (Average, Compression, Compressor, ProcessSet, allgather_async,
+                           rank, reducescatter_async, size, synchronize)
 from ..collectives.errors import InvalidArgumentError, UnsupportedDtypeError, UsageError
 from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec
 from ._buckets import fusion_threshold as resolve_fusion_threshold
@@ -44,7 +42,7 @@ from ._dtypes import numpy_dtype
 from .master_weights import LOW_PRECISION
 from .torch_optimizer import WrappedOptimizerView, named_trainable_parameters
 from .sharded_partition import (BucketSteps, Partition, Piece, ShardBucket, check_arguments,
-                                wait_for_buckets)
+                                clip_coefficient, wait_for_buckets)
 from .sharded_state import consolidated_state_dict, load_state_dict, shard_state_dict
 
 _FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -238,13 +236,9 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
         norm_type = float(norm_type)
         if norm_type == float("inf"):
             local = max((float(g.abs().max()) for g in gradients if g.numel()), default=0.0)
-            total = float(allreduce(np.array([local]), op=Max, name="sharded gradient norm",
-                                    process_set=self.process_set)[0])
         else:
             local = sum(float(g.double().abs().pow(norm_type).sum()) for g in gradients)
-            total = float(allreduce(np.array([local]), op=Sum, name="sharded gradient norm",
-                                    process_set=self.process_set)[0]) ** (1.0 / norm_type)
-        coefficient = float(max_norm) / (total + 1e-6)
+        total, coefficient = clip_coefficient(local, max_norm, norm_type, self.process_set)
         if coefficient < 1.0:
             for gradient in gradients:
                 gradient.mul_(coefficient)
@@ -304,13 +298,6 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
         raise TypeError("a ShardedOptimizer cannot be pickled; save state_dict() instead")
 
     # Internals.
-    def _check_rank(self, to_rank: int) -> int:
-        if not isinstance(to_rank, int) or not 0 <= to_rank < self.shard_size:
-            raise InvalidArgumentError(
-                f"rank {self.shard_rank}: to_rank must be a rank in 0..{self.shard_size - 1}, "
-                f"got {to_rank!r}")
-        return to_rank
-
     def _rebuild_groups(self) -> list[list[int]]:
         """Put this rank's pieces in place of the parameters in the wrapped optimizer's
         groups; returns the piece positions of each group."""

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..collectives import Compressor, synchronize
+from ..collectives import Compressor, Max, ProcessSet, Sum, allreduce, synchronize
 from ..collectives.errors import InvalidArgumentError
 from ._buckets import GradientSpec, assign_buckets
 
@@ -153,6 +153,19 @@ def check_arguments(stage: Any, backward_passes_per_step: Any, compression: Any)
                                    f"another Compressor, got {compression!r}")
 
 
+def clip_coefficient(local: float, max_norm: float, norm_type: float,
+                     process_set: ProcessSet | None) -> tuple[float, float]:
+    """The total gradient norm over all ranks' shards, and the factor that brings it to
+    ``max_norm`` (1 when it is below): ``local`` is this rank's ``sum |g|^p`` over the
+    elements it owns (each element is owned by one rank), or its largest ``|g|`` for the
+    infinity norm; one 8-byte allreduce combines them."""
+    infinite = norm_type == float("inf")
+    combined = float(allreduce(np.array([local]), op=Max if infinite else Sum,
+                               name="sharded gradient norm", process_set=process_set)[0])
+    total = combined if infinite else combined ** (1.0 / norm_type)
+    return total, min(1.0, float(max_norm) / (total + 1e-6))
+
+
 def wait_for_buckets(buckets: Sequence[ShardBucket], launched: Sequence[tuple[int, Any]],
                      deliver: Callable[[int, Any], None]) -> None:
     """Wait for every launched reduce-scatter (``(bucket index, handle)`` pairs) and hand
@@ -177,11 +190,22 @@ def wait_for_buckets(buckets: Sequence[ShardBucket], launched: Sequence[tuple[in
 
 class BucketSteps:
     """Mixin of the ShardedOptimizers: one step's bucket bookkeeping, and
-    :meth:`skip_synchronize`. A class using it sets ``partition`` and ``parameters``."""
+    :meth:`skip_synchronize`. A class using it sets ``partition``, ``parameters``,
+    ``shard_rank`` and ``shard_size``."""
 
     partition: Partition
     parameters: Sequence[Any]
+    shard_rank: int
+    shard_size: int
     _skip = False
+
+    def _check_rank(self, to_rank: int) -> int:
+        """``to_rank`` if it is a rank of the process set, else InvalidArgumentError."""
+        if not isinstance(to_rank, int) or not 0 <= to_rank < self.shard_size:
+            raise InvalidArgumentError(
+                f"rank {self.shard_rank}: to_rank must be a rank in 0..{self.shard_size - 1}, "
+                f"got {to_rank!r}")
+        return to_rank
 
     def _reset_step(self) -> None:
         """Nothing marked ready, launched or accumulated yet."""

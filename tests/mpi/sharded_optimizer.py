@@ -546,10 +546,12 @@ class MomentumSGD:
             parameter -= self.lr * self.velocity[name]
 
     def state_dict(self) -> dict:
-        return {name: v.copy() for name, v in self.velocity.items()}
+        return {"velocity": {name: v.copy() for name, v in self.velocity.items()},
+                "lr": self.lr}
 
     def load_state_dict(self, state: dict) -> None:
-        self.velocity = {name: np.array(v) for name, v in state.items()}
+        self.velocity = {name: np.array(v) for name, v in state["velocity"].items()}
+        self.lr = state["lr"]
 
 
 def numpy_gold(passes: int, overlap: bool, compression=rt.Compression.none) -> None:
@@ -593,6 +595,79 @@ check(lambda: numpy_gold(1, overlap=True), name="numpy_gold_overlapped")
 check(lambda: numpy_gold(2, overlap=False), name="numpy_gold_two_backward_passes")
 check(lambda: numpy_gold(1, overlap=True, compression=rt.Compression.fp16),
       name="numpy_gold_fp16_compression")
+
+
+def numpy_train(net, optimizer, start: int, stop: int, clip: float | None = None) -> list:
+    norms = []
+    for step in range(start, stop):
+        inputs, targets = (t.numpy() for t in global_data(step))
+        optimizer.zero_grad()
+        net.backward(my_shard(inputs), my_shard(targets), 1.0, lambda name: None)
+        if clip is not None:
+            norms.append(optimizer.clip_grad_norm_(clip))
+        optimizer.step()
+    return norms
+
+
+def numpy_sharded(net):
+    return rt.ShardedOptimizer(MomentumSGD, [(n, p, net.grads[n]) for n, p in net.params.items()],
+                               fusion_threshold=64, first_bucket_bytes=32)
+
+
+@check
+def numpy_consolidated_state_and_clipping() -> None:
+    """The consolidated state of a numpy loop is what MomentumSGD over the whole
+    parameters holds after the same steps with the DistributedOptimizer (bit-identical at
+    N <= 2, within AGAINST_PLAIN otherwise); it resumes a sharded run exactly; clipping
+    by the global norm gives the norm computed over the whole averaged gradients."""
+    model = NumpyNet()
+    optimizer = numpy_sharded(model)
+    numpy_train(model, optimizer, 0, 2)
+    last = rt.size() - 1
+    full = optimizer.state_dict(consolidate=True, to_rank=last)
+    assert (full is None) == (rt.rank() != last), type(full)
+    full = rt.broadcast_object(full, root_rank=last, name="numpy consolidated")
+    reference = NumpyNet()
+    reference_optimizer = rt.DistributedOptimizer(
+        MomentumSGD(reference.params, reference.grads),
+        [(n, p, reference.grads[n]) for n, p in reference.params.items()], **BUCKETS)
+    numpy_train(reference, reference_optimizer, 0, 2)
+    expected = reference_optimizer.state_dict()
+    assert full["lr"] == expected["lr"] and set(full["velocity"]) == set(model.params)
+    for name, velocity in expected["velocity"].items():
+        assert full["velocity"][name].shape == velocity.shape, name
+        error = float(np.abs(full["velocity"][name] - velocity).max())
+        assert error <= (0.0 if rt.size() <= 2 else AGAINST_PLAIN), (name, error)
+    resumed = copy.deepcopy(model)
+    numpy_train(model, optimizer, 2, STEPS)
+    resumed_optimizer = numpy_sharded(resumed)
+    resumed_optimizer.load_state_dict(pickle.loads(pickle.dumps(full)))
+    numpy_train(resumed, resumed_optimizer, 2, STEPS)
+    for name, value in model.params.items():
+        assert np.array_equal(resumed.params[name], value), name
+    clipped, plain_net = NumpyNet(), NumpyNet()
+    norms = numpy_train(clipped, numpy_sharded(clipped), 0, STEPS, clip=0.05)
+    plain_optimizer = rt.DistributedOptimizer(
+        MomentumSGD(plain_net.params, plain_net.grads),
+        [(n, p, plain_net.grads[n]) for n, p in plain_net.params.items()], **BUCKETS)
+    for step in range(STEPS):
+        inputs, targets = (t.numpy() for t in global_data(step))
+        plain_optimizer.zero_grad()
+        plain_net.backward(my_shard(inputs), my_shard(targets), 1.0, lambda name: None)
+        plain_optimizer.synchronize()
+        norm = math.sqrt(sum(float((g.astype(np.float64) ** 2).sum())
+                             for g in plain_net.grads.values()))
+        assert math.isclose(norms[step], norm, rel_tol=1e-5), (step, norms[step], norm)
+        for gradient in plain_net.grads.values():
+            gradient *= np.float32(min(1.0, 0.05 / (norm + 1e-6)))
+        with plain_optimizer.skip_synchronize():
+            plain_optimizer.step()
+    for name, value in plain_net.params.items():
+        error = float(np.abs(clipped.params[name] - value).max())
+        assert error <= AGAINST_PLAIN, (name, error)
+    expect_raises(rt.InvalidArgumentError, numpy_sharded(NumpyNet()).load_state_dict,
+                  {"velocity": {"w1": np.zeros(3, np.float32)}, "lr": 0.1},
+                  match=[f"rank {rt.rank()}", "'velocity'", "'w1'", "(5, 6)"])
 
 
 if __name__ == "__main__":
