@@ -16,18 +16,26 @@ import shlex
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from ..resize_protocol import HOSTS_UPDATED, RESIZING, clear, is_marked
 from ..variables import TIMELINE_MERGED_BY_LAUNCHER
 from .command import CommandError, build_mpiexec_argv, python_target, rank_command
 from .horovodrun import RefusedFlag, Translation, add_flags, translate
+from .host_watch import HostWatcher
 from .hosts import Host, HostListError, parse_host_list, read_hostfile
 from .mpi_vendor import Mpiexec, MpiexecError, query_mpiexec
 from .rank_env import usable_cores
-from .restart import (ELASTIC_DIR_VARIABLE, RESTART_COUNT_VARIABLE, DiscoveryError,
+from .restart import (ELASTIC_DIR_VARIABLE, RESTART_COUNT_VARIABLE, Blacklist, DiscoveryError,
                       ElasticOptions, NotEnoughRanks, Placement, discover_hosts,
-                      place_on_discovered_hosts, restart_announcement, should_restart)
+                      place_on_discovered_hosts, resize_announcement, restart_announcement,
+                      should_restart)
 from .timeline_merge import TIMELINE_VARIABLE, JobTimeline
+
+if TYPE_CHECKING:
+    from .job import JobResult
 
 PROG = "ringtrain-run"
 USAGE_ERROR = 2
@@ -102,6 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
     elastic.add_argument("--host-discovery-script", metavar="PATH",
                          help="an executable printing the available hosts, HOST:SLOTS a "
                               "line; run before every start, which gets their slots as ranks")
+    elastic.add_argument("--discovery-interval", type=float, default=1.0, metavar="SECONDS",
+                         help="how often the discovery script is run while the job runs; "
+                              "when the hosts change, the job resizes at its next commit "
+                              "(default 1)")
+    elastic.add_argument("--blacklist-cooldown-range", type=float, nargs=2,
+                         default=(10.0, 300.0), metavar=("MIN", "MAX"),
+                         help="a host whose rank failed is left out for MIN seconds, twice "
+                              "as long after each further failure, at most MAX (default "
+                              "10 300)")
     elastic.add_argument("--elastic-dir", metavar="DIR",
                          help="where the ranks commit their state ($RINGTRAIN_ELASTIC_DIR); "
                               "default: a temporary directory, removed at the end")
@@ -245,15 +262,24 @@ def elastic_options(options: argparse.Namespace) -> ElasticOptions:
                                    "--hostfile with it")
         if not (os.path.isfile(script) and os.access(script, os.X_OK)):
             raise CommandLineError(f"host discovery script {script!r} is not an executable file")
+    if not options.discovery_interval > 0:
+        raise CommandLineError(f"--discovery-interval must be a positive number of seconds, "
+                               f"got {options.discovery_interval}")
+    shortest, longest = options.blacklist_cooldown_range
+    if not 0 <= shortest <= longest:
+        raise CommandLineError(f"--blacklist-cooldown-range MIN MAX needs 0 <= MIN <= MAX, got "
+                               f"{shortest:g} {longest:g}")
     return ElasticOptions(options.max_restarts, min_np, max_np,
-                          None if script is None else os.path.abspath(script))
+                          None if script is None else os.path.abspath(script),
+                          options.discovery_interval, (shortest, longest))
 
 
 def _placement(elastic: ElasticOptions, nprocs: int | None, hosts: list[Host],
-               restart: int) -> Placement:
+               restart: int, blacklist: Blacklist) -> Placement:
     if elastic.discovery_script is None:
         return Placement(nprocs, tuple(hosts))
-    return place_on_discovered_hosts(discover_hosts(elastic.discovery_script, restart), elastic)
+    return place_on_discovered_hosts(discover_hosts(elastic.discovery_script, restart), elastic,
+                                     blacklist, time.monotonic())
 
 
 def horovodrun_flags(options: argparse.Namespace) -> Translation:
@@ -292,8 +318,9 @@ def _launch(options: argparse.Namespace) -> int:
     except MpiexecError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return ENVIRONMENT_ERROR
+    blacklist = Blacklist(elastic.blacklist_cooldown)
     try:
-        placement = _placement(elastic, options.nprocs, hosts, 0)
+        placement = _placement(elastic, options.nprocs, hosts, 0, blacklist)
     except (DiscoveryError, NotEnoughRanks) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return ENVIRONMENT_ERROR
@@ -309,7 +336,7 @@ def _launch(options: argparse.Namespace) -> int:
             options.elastic_dir or created_directory)
     try:
         return _run_with_restarts(options, elastic, mpiexec, command, environment, placement,
-                                  restarting, timeline, horovodrun)
+                                  restarting, timeline, horovodrun, blacklist)
     finally:
         _finish_timeline(timeline)  # when the job did not get as far as its summary
         if created_directory is not None:
@@ -319,10 +346,11 @@ def _launch(options: argparse.Namespace) -> int:
 def _run_with_restarts(options: argparse.Namespace, elastic: ElasticOptions, mpiexec: Mpiexec,
                        command: list[str], environment: dict[str, str], placement: Placement,
                        restarting: bool, timeline: JobTimeline | None,
-                       horovodrun: Translation) -> int:
+                       horovodrun: Translation, blacklist: Blacklist) -> int:
     from .job import print_summary, run_job_attempt
 
-    restart = 0
+    directory = environment.get(ELASTIC_DIR_VARIABLE)
+    restart = failures = 0
     while True:
         if restarting:
             environment[RESTART_COUNT_VARIABLE] = str(restart)
@@ -340,8 +368,25 @@ def _run_with_restarts(options: argparse.Namespace, elastic: ElasticOptions, mpi
                   file=sys.stderr, flush=True)
         if timeline is not None:
             timeline.before_start(placement.nprocs)
+        watcher = None if elastic.discovery_script is None or directory is None else \
+            HostWatcher(elastic, blacklist, placement, directory, restart).start()
         result = run_job_attempt(argv, placement.nprocs)
-        if not should_restart(result, restart, elastic):
+        changed = watcher.stop() if watcher is not None else None
+        resized = is_marked(directory, RESIZING)
+        clear(directory, RESIZING, HOSTS_UPDATED)
+        if resized and result.exit_code == 0 and result.interrupted is None:
+            restart += 1
+            try:
+                resumed = changed or _placement(elastic, placement.nprocs,
+                                                list(placement.hosts), restart, blacklist)
+            except (DiscoveryError, NotEnoughRanks) as error:
+                _finish_timeline(timeline)
+                print_summary(f"the job stopped to resize, but cannot restart: {error}")
+                return ENVIRONMENT_ERROR
+            print_summary(resize_announcement(placement, resumed))
+            placement = resumed
+            continue
+        if not should_restart(result, failures, elastic):
             _finish_timeline(timeline)  # before the summary, which stays the last line
             if result.summary is not None:
                 spent = f"; no restart left (--max-restarts {elastic.max_restarts})" \
@@ -350,13 +395,32 @@ def _run_with_restarts(options: argparse.Namespace, elastic: ElasticOptions, mpi
                 print_summary(result.summary + spent)
             return result.exit_code
         restart += 1
+        failures += 1
+        failed_host = _blacklist_failed_host(result, placement, elastic, blacklist)
         try:
-            placement = _placement(elastic, placement.nprocs, list(placement.hosts), restart)
+            placement = _placement(elastic, placement.nprocs, list(placement.hosts), restart,
+                                   blacklist)
         except (DiscoveryError, NotEnoughRanks) as error:
             _finish_timeline(timeline)
             print_summary(f"{result.summary}; cannot restart: {error}")
             return result.exit_code
-        print_summary(restart_announcement(result, placement, restart, elastic))
+        left_out = ""
+        if failed_host is not None and failed_host[0] not in {h.name for h in placement.hosts}:
+            left_out = f"; host {failed_host[0]} left out for {failed_host[1]:g} s"
+        print_summary(restart_announcement(result, placement, failures, elastic) + left_out)
+
+
+def _blacklist_failed_host(result: JobResult, placement: Placement, elastic: ElasticOptions,
+                           blacklist: Blacklist) -> tuple[str, float] | None:
+    """Put the host of the failed rank on the blacklist (with a discovery script, which
+    can offer others); the host and its cool-down, or None."""
+    record = result.first_failure
+    if elastic.discovery_script is None or record is None or record.rank is None:
+        return None
+    host = placement.host_of_rank(record.rank)
+    if host is None:
+        return None
+    return host, blacklist.add(host, time.monotonic())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

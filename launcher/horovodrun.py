@@ -32,13 +32,11 @@ WITHOUT_EFFECT: dict[str, str] = {
     "--mpi-threads-disable": "ringtrain asks MPI for MPI_THREAD_MULTIPLE",
     "--log-hide-timestamp": "ringtrain's log lines carry no timestamp",
     "--elastic-timeout": "a restarted job waits for its ranks as mpiexec does",
-    "--blacklist-cooldown-range": "failed hosts are not blacklisted in this version",
 }
 """Flags accepted without effect, and why."""
 
 TAKING_A_VALUE = {"--cycle-time-ms", "--cache-capacity", "--start-timeout",
-               "--num-nccl-streams", "--thread-affinity", "--elastic-timeout",
-               "--blacklist-cooldown-range"}
+               "--num-nccl-streams", "--thread-affinity", "--elastic-timeout"}
 """The flags of :data:`WITHOUT_EFFECT` that take a value."""
 
 REFUSED: dict[str, str] = {

@@ -6,7 +6,10 @@ With ``--max-restarts K``, a job in which a rank fails is started again (a fresh
 script every start has the same ranks on the same hosts. With one, every start (the
 first included) runs it; it prints the hosts that are available now, ``HOST:SLOTS`` a
 line, and the job gets the sum of their slots, at most ``--max-np``, and does not start
-with fewer than ``--min-np``.
+with fewer than ``--min-np``. A host whose rank failed is left out of the next starts
+for a cool-down (:class:`Blacklist`). While a job runs, the script is polled
+(:mod:`ringtrain.launcher.host_watch`) and a change of hosts resizes the job at its
+next commit, without a failure (:mod:`ringtrain.resize_protocol`).
 
 Everything except :func:`discover_hosts` is a pure function, tested without MPI.
 """
@@ -45,12 +48,16 @@ class ElasticOptions:
         min_np: the fewest ranks a job starts with.
         max_np: the most ranks a job starts with (None: no limit).
         discovery_script: the executable that lists the available hosts, or None.
+        discovery_interval: seconds between two polls of the script while a job runs.
+        blacklist_cooldown: a failed host's first cool-down and the longest, in seconds.
     """
 
     max_restarts: int = 0
     min_np: int = 1
     max_np: int | None = None
     discovery_script: str | None = None
+    discovery_interval: float = 1.0
+    blacklist_cooldown: tuple[float, float] = (10.0, 300.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +66,49 @@ class Placement:
 
     nprocs: int
     hosts: tuple[Host, ...] = ()
+
+    def host_of_rank(self, rank: int) -> str | None:
+        """The host rank ``rank`` runs on (the ranks fill the hosts' slots in order), or
+        None when the start names no hosts."""
+        first = 0
+        for host in self.hosts:
+            if rank < first + host.slots:
+                return host.name
+            first += host.slots
+        return None
+
+    def describe(self) -> str:
+        """``localhost:2,node2:1``, or ``N ranks here``."""
+        if not self.hosts:
+            return f"{self.nprocs} rank{'s' if self.nprocs != 1 else ''} here"
+        return ",".join(f"{host.name}:{host.slots}" for host in self.hosts)
+
+
+class Blacklist:
+    """Hosts whose ranks failed, kept out of the job for a cool-down (as Horovod's
+    ``--blacklist-cooldown-range``): a host's first failure keeps it out for the shorter
+    bound, each further one twice as long as the last, at most the longer bound.
+
+    Args:
+        cooldown: the shortest and the longest cool-down, in seconds.
+    """
+
+    def __init__(self, cooldown: tuple[float, float]):
+        self.cooldown = cooldown
+        self._failures: dict[str, int] = {}
+        self._until: dict[str, float] = {}
+
+    def add(self, host: str, now: float) -> float:
+        """Keep ``host`` out from ``now`` on; returns the cool-down in seconds."""
+        failures = self._failures[host] = self._failures.get(host, 0) + 1
+        shortest, longest = self.cooldown
+        seconds = min(longest, shortest * 2 ** (failures - 1))
+        self._until[host] = now + seconds
+        return seconds
+
+    def allowed(self, hosts: Sequence[Host], now: float) -> list[Host]:
+        """``hosts`` without those cooling down at ``now``."""
+        return [host for host in hosts if self._until.get(host.name, 0.0) <= now]
 
 
 def parse_discovered_hosts(text: str) -> list[Host]:
@@ -109,12 +159,21 @@ def discover_hosts(script: str, restart: int, timeout: float = DISCOVERY_TIMEOUT
     return parse_discovered_hosts(finished.stdout)
 
 
-def place_on_discovered_hosts(hosts: Sequence[Host], options: ElasticOptions) -> Placement:
-    """The ranks of a start on the discovered hosts: their slots, capped at ``max_np``.
+def place_on_discovered_hosts(hosts: Sequence[Host], options: ElasticOptions,
+                              blacklist: Blacklist | None = None,
+                              now: float = 0.0) -> Placement:
+    """The ranks of a start on the discovered hosts: their slots, capped at ``max_np``;
+    hosts beyond the cap are left out, and so are those cooling down in ``blacklist`` at
+    ``now``, unless the others have fewer than ``min_np`` slots (a failure need not be
+    the host's fault).
 
     Raises:
         NotEnoughRanks: fewer slots than ``min_np``.
     """
+    if blacklist is not None:
+        allowed = blacklist.allowed(hosts, now)
+        if total_slots(allowed) >= options.min_np:
+            hosts = allowed
     available = total_slots(hosts)
     if available < options.min_np:
         listed = ",".join(f"{host.name}:{host.slots}" for host in hosts) or "no host"
@@ -122,7 +181,13 @@ def place_on_discovered_hosts(hosts: Sequence[Host], options: ElasticOptions) ->
                              f"slot{'s' if available != 1 else ''} ({listed}), fewer than "
                              f"--min-np {options.min_np}")
     nprocs = available if options.max_np is None else min(available, options.max_np)
-    return Placement(nprocs, tuple(hosts))
+    used, kept = 0, []
+    for host in hosts:
+        if used >= nprocs:
+            break
+        kept.append(Host(host.name, min(host.slots, nprocs - used)))
+        used += kept[-1].slots
+    return Placement(nprocs, tuple(kept))
 
 
 def should_restart(result: JobResult, restarts_done: int, options: ElasticOptions) -> bool:
@@ -143,6 +208,14 @@ def describe_failure(result: JobResult) -> str:
     if record.exception is not None:
         how = f"raised {record.exception} and {how}"
     return f"{who} failed ({how})"
+
+
+def resize_announcement(before: Placement, after: Placement) -> str:
+    """The launcher's one line for a resize, e.g. ``the hosts changed (localhost:2 ->
+    localhost:3): resuming from the last commit with 3 ranks``."""
+    ranks = f"{after.nprocs} rank{'s' if after.nprocs != 1 else ''}"
+    return (f"the hosts changed ({before.describe()} -> {after.describe()}): resuming from "
+            f"the last commit with {ranks}")
 
 
 def restart_announcement(result: JobResult, placement: Placement, restart: int,

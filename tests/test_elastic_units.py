@@ -3,10 +3,12 @@ and snapshots, the atomic write, option parsing, host discovery and restart deci
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -18,9 +20,11 @@ from ringtrain.launcher.cli import CommandLineError, build_parser, elastic_optio
 from ringtrain.launcher.hosts import Host
 from ringtrain.launcher.job import JobResult
 from ringtrain.launcher.report import RankExit
-from ringtrain.launcher.restart import (DiscoveryError, ElasticOptions, NotEnoughRanks,
-                                        Placement, describe_failure, discover_hosts,
-                                        parse_discovered_hosts, place_on_discovered_hosts,
+from ringtrain.launcher.host_watch import HostWatcher
+from ringtrain.launcher.restart import (Blacklist, DiscoveryError, ElasticOptions,
+                                        NotEnoughRanks, Placement, describe_failure,
+                                        discover_hosts, parse_discovered_hosts,
+                                        place_on_discovered_hosts, resize_announcement,
                                         restart_announcement, should_restart)
 from test_launcher_argv import run_cli
 
@@ -138,6 +142,9 @@ def test_elastic_options_defaults_and_values(tmp_path):
     assert _options("--host-discovery-script", str(script)) == ElasticOptions(
         0, 1, None, str(script))
     assert _options("-np", "3", "--host-discovery-script", str(script)).max_np == 3
+    assert _options("-np", "2", "--discovery-interval", "0.5",
+                    "--blacklist-cooldown-range", "5", "60") == ElasticOptions(
+        0, 1, None, None, 0.5, (5.0, 60.0))
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -150,6 +157,8 @@ def test_elastic_options_defaults_and_values(tmp_path):
     (["--max-restarts", "1"], "-np N is required"),
     (["--host-discovery-script", "/nonexistent/discover"], "is not an executable file"),
     (["-H", "a:2", "--host-discovery-script", "/bin/true"], "give no -H or --hostfile"),
+    (["-np", "2", "--discovery-interval", "0"], "--discovery-interval must be a positive"),
+    (["-np", "2", "--blacklist-cooldown-range", "9", "3"], "needs 0 <= MIN <= MAX, got 9 3"),
 ])
 def test_bad_elastic_options_are_refused(arguments, message):
     with pytest.raises(CommandLineError, match=re.escape(message)):
@@ -204,6 +213,67 @@ def test_placement_on_discovered_hosts():
         place_on_discovered_hosts(hosts, ElasticOptions(min_np=5))
     with pytest.raises(NotEnoughRanks, match=r"offers 0 slots \(no host\)"):
         place_on_discovered_hosts([], ElasticOptions())
+    assert place_on_discovered_hosts(hosts, ElasticOptions(max_np=3)) == Placement(
+        3, (Host("a", 2), Host("b", 1)))
+    assert place_on_discovered_hosts(hosts, ElasticOptions(max_np=2)) == Placement(
+        2, (Host("a", 2),))
+
+
+def test_ranks_fill_the_hosts_in_order():
+    placement = Placement(4, (Host("a", 1), Host("b", 3)))
+    assert [placement.host_of_rank(r) for r in range(5)] == ["a", "b", "b", "b", None]
+    assert Placement(2).host_of_rank(0) is None
+    assert placement.describe() == "a:1,b:3" and Placement(1).describe() == "1 rank here"
+
+
+def test_a_failed_host_cools_down_longer_after_each_failure():
+    blacklist = Blacklist((10.0, 25.0))
+    hosts = [Host("a", 1), Host("b", 2)]
+    assert blacklist.add("b", now=100.0) == 10.0
+    assert blacklist.allowed(hosts, 109.0) == [Host("a", 1)]
+    assert blacklist.allowed(hosts, 110.0) == hosts
+    assert blacklist.add("b", now=200.0) == 20.0
+    assert blacklist.add("b", now=300.0) == 25.0
+    assert place_on_discovered_hosts(hosts, ElasticOptions(), blacklist, 310.0) == Placement(
+        1, (Host("a", 1),))
+    assert place_on_discovered_hosts(hosts, ElasticOptions(min_np=2), blacklist,
+                                     310.0) == Placement(3, tuple(hosts))
+
+
+def test_the_watcher_writes_the_notice_while_the_hosts_differ(tmp_path):
+    offered = tmp_path / "offered"
+    offered.write_text("localhost:2\n")
+    script = _script(tmp_path, f"cat {offered}\n")
+    options = ElasticOptions(min_np=2, discovery_script=script)
+    running = Placement(2, (Host("localhost", 2),))
+    watcher = HostWatcher(options, Blacklist((10.0, 10.0)), running, str(tmp_path), 0)
+    notice = tmp_path / "hosts-updated"
+    watcher.poll()
+    assert not notice.exists() and watcher.changed is None
+    offered.write_text("localhost:2\nother:1\n")
+    watcher.poll()
+    assert notice.read_text() == "localhost:2,other:1\n"
+    assert watcher.changed == Placement(3, (Host("localhost", 2), Host("other", 1)))
+    offered.write_text("localhost:1\n")  # fewer than --min-np: the job keeps its ranks
+    watcher.poll()
+    assert notice.exists() and watcher.changed.nprocs == 3
+    offered.write_text("localhost:2\n")
+    watcher.poll()
+    assert not notice.exists() and watcher.changed is None
+    offered.write_text("localhost:3\n")
+    polling = HostWatcher(dataclasses.replace(options, discovery_interval=0.05),
+                          Blacklist((10.0, 10.0)), running, str(tmp_path), 0).start()
+    deadline = time.monotonic() + 10
+    while not notice.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert polling.stop() == Placement(3, (Host("localhost", 3),))
+
+
+def test_resize_announcement():
+    assert resize_announcement(Placement(2, (Host("localhost", 2),)),
+                               Placement(3, (Host("localhost", 3),))) == (
+        "the hosts changed (localhost:2 -> localhost:3): resuming from the last commit with "
+        "3 ranks")
 
 
 # --------------------------------------------------------------------------- decisions

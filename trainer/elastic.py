@@ -28,6 +28,14 @@ values are taken as equal on every rank (data-parallel training), so only rank 0
 saved. A commit copies them at once and writes the file in the background;
 :meth:`State.flush` waits until the last commit is on disk.
 
+Under ``ringtrain-run --host-discovery-script``, a job also changes size without a
+failure: when the discovered hosts change, the launcher says so, and at the next
+:meth:`State.commit` (or :meth:`State.check_host_updates`) every rank raises
+:class:`HostsChanged`, which ends the process with status 0 once that commit is on disk;
+the launcher then starts the job on the new hosts, where :meth:`State.restore` resumes
+from that commit (see :mod:`ringtrain.resize_protocol`). No step is lost and no rank is
+killed mid-step.
+
 ``import ringtrain.elastic`` (or ``from ringtrain import elastic``) imports neither
 mpi4py nor the collectives; they are imported when a :class:`State` is first committed
 or restored.
@@ -45,6 +53,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, BinaryIO, TypeVar
 
+from ..resize_protocol import HOSTS_UPDATED, RESIZING, is_marked, path_in
 from ..variables import ELASTIC_DIR, RESTART_COUNT
 
 ELASTIC_DIR_VARIABLE = ELASTIC_DIR.name
@@ -57,6 +66,17 @@ Result = TypeVar("Result")
 
 class ElasticError(RuntimeError):
     """A checkpoint that cannot be written or read; the message names the file."""
+
+
+class HostsChanged(SystemExit):
+    """Raised on every rank by :meth:`State.commit` and :meth:`State.check_host_updates`
+    when ``ringtrain-run`` found other hosts: the job stops at this commit, which is on
+    disk, and starts again on the new hosts from it. A ``SystemExit`` with status 0, so
+    an uncaught one ends the process quietly (``finally`` blocks run); catch it only to
+    clean up, and let it go on."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
 
 
 def restart_count() -> int:
@@ -184,9 +204,14 @@ class State:
         the next commit, or at :meth:`flush`. Until the write is done the file holds the
         previous commit, which a restart after a crash would resume from.
 
+        Under ``ringtrain-run`` with a host discovery script, a commit also looks for
+        a change of hosts, as :meth:`check_host_updates` does (no extra message).
+
         Raises:
             ElasticError: the previous commit's checkpoint could not be written, or this
                 one could not be copied (on every rank).
+            HostsChanged: on every rank, when the hosts changed (after this commit is
+                on disk).
         """
         from .. import collectives
 
@@ -196,12 +221,40 @@ class State:
             consolidate = getattr(value, "consolidate_state_dict", None)
             if callable(consolidate):
                 consolidate()
-        error = None
+        error, changed = None, False
         if collectives.rank() == 0:
             error = _writer_of(self.checkpoint_path).wait() or self._start_write()
-        error = collectives.broadcast_object(error, root_rank=0, name="elastic.commit")
+            changed = _hosts_updated()
+        error, changed = collectives.broadcast_object((error, changed), root_rank=0,
+                                                      name="elastic.commit")
         if error is not None:
             raise ElasticError(error)
+        if changed:
+            self._stop_for_resize()
+
+    def check_host_updates(self) -> None:
+        """Stop for a resize (:class:`HostsChanged`) if the launcher found other hosts
+        since the job started; every rank must call it. The job resumes from the last
+        commit (which this writes to disk first).
+
+        Raises:
+            HostsChanged: on every rank, when the hosts changed.
+        """
+        from .. import collectives
+
+        collectives.init()
+        changed = _hosts_updated() if collectives.rank() == 0 else False
+        if collectives.broadcast_object(changed, root_rank=0, name="elastic.hosts"):
+            self._stop_for_resize()
+
+    def _stop_for_resize(self) -> None:
+        """Flush the last commit, mark the job as stopped for a resize, end it."""
+        from .. import collectives
+
+        self.flush()
+        if collectives.rank() == 0:
+            write_atomically(path_in(ELASTIC_DIR.read(), RESIZING), b"")
+        raise HostsChanged()
 
     def flush(self) -> None:
         """Return on every rank once the last commit is on disk (every rank must call it).
@@ -276,6 +329,11 @@ class State:
         return "snapshot", snapshot
 
 
+def _hosts_updated() -> bool:
+    """Whether the launcher has said that the hosts changed (read on rank 0)."""
+    return is_marked(ELASTIC_DIR.read(), HOSTS_UPDATED)
+
+
 class _BackgroundWriter:
     """Writes one checkpoint file on a thread of its own, one write at a time."""
 
@@ -340,5 +398,5 @@ def run(train: Callable[[State], Result]) -> Callable[[State], Result]:
     return restored_and_run
 
 
-__all__ = ["State", "run", "restart_count", "write_atomically", "ElasticError",
+__all__ = ["State", "run", "restart_count", "write_atomically", "ElasticError", "HostsChanged",
            "ELASTIC_DIR_VARIABLE", "RESTART_COUNT_VARIABLE", "CHECKPOINT_NAME"]

@@ -10,12 +10,18 @@ rank's batch is gathered each step). The state is committed after every step; a 
 callback scales the learning rate by the number of ranks and prints it.
 
 Rank 1 kills itself with SIGKILL at global step $RINGTRAIN_TEST_KILL_AT_STEP on the first
-start only. Rank 0 writes the final parameters to OUTPUT (.npy) and prints ``seen``.
+start only. At global step $RINGTRAIN_TEST_HOSTS_AT_STEP of the first start, rank 0
+creates the file $RINGTRAIN_TEST_HOSTS_FILE (a discovery script then offers other hosts)
+and waits until the launcher has noticed, so that the next commit resizes the job (or,
+with $RINGTRAIN_TEST_CHECK_HOSTS=1, the ``check_host_updates()`` that then starts every
+step). Rank 0
+writes the final parameters to OUTPUT (.npy) and prints ``seen``.
 """
 
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 import torch
@@ -29,6 +35,8 @@ OUTPUT = sys.argv[1]
 EPOCHS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 SAMPLES, FEATURES, BATCH, LR = 48, 5, 4, 0.02
 KILL_AT_STEP = int(os.environ.get("RINGTRAIN_TEST_KILL_AT_STEP", "-1"))
+HOSTS_AT_STEP = int(os.environ.get("RINGTRAIN_TEST_HOSTS_AT_STEP", "-1"))
+CHECK_HOSTS = os.environ.get("RINGTRAIN_TEST_CHECK_HOSTS") == "1"
 
 hvd.init()
 torch.manual_seed(0)
@@ -54,6 +62,14 @@ state = hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler
 state.register_reset_callbacks([on_state_reset])
 
 
+def change_hosts():
+    open(os.environ["RINGTRAIN_TEST_HOSTS_FILE"], "w").close()
+    notice = os.path.join(os.environ[elastic.ELASTIC_DIR_VARIABLE], "hosts-updated")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(notice) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 @hvd.elastic.run
 def train(state):
     print(f"start {elastic.restart_count()} at epoch {state.epoch} step {state.step} with "
@@ -62,6 +78,10 @@ def train(state):
         for batch, (index, features, target) in enumerate(loader):
             if state.step == KILL_AT_STEP and elastic.restart_count() == 0 and hvd.rank() == 1:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if state.step == HOSTS_AT_STEP and elastic.restart_count() == 0 and hvd.rank() == 0:
+                change_hosts()
+            if CHECK_HOSTS:
+                state.check_host_updates()
             optimizer.zero_grad()
             loss = F.mse_loss(model(features).squeeze(1), target)
             loss.backward()

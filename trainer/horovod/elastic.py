@@ -24,8 +24,12 @@ Horovod's) and also writes them through :mod:`ringtrain.elastic`'s checkpoint; w
 job starts again, :func:`run` restores the last commit from it, makes every rank hold
 rank 0's values (:meth:`State.sync`), runs the reset callbacks (the job was restarted,
 perhaps resized), and calls the training function, which goes on from the committed
-epoch and batch. :meth:`State.check_host_updates` never raises
-:class:`HostsUpdatedInterrupt` in this version: a job changes size only when it restarts.
+epoch and batch. Under ``ringtrain-run --host-discovery-script``, when the hosts change
+while the job runs, the next :meth:`State.commit` (or :meth:`State.check_host_updates`)
+raises :class:`HostsUpdatedInterrupt` on every rank once that commit is on disk; it ends
+the process quietly (it is a ``SystemExit`` with status 0), and the launcher starts the
+job on the new hosts, where :func:`run` restores that commit and runs the reset
+callbacks with the new size.
 
 :class:`ElasticSampler` fixes each epoch's order by its seed and the epoch, and after a
 restart hands out the samples of that order not yet processed, in order, split over the
@@ -55,15 +59,18 @@ class HorovodInternalError(RuntimeError):
     job is restarted from the last commit instead: nothing needs to catch it."""
 
 
-class HostsUpdatedInterrupt(RuntimeError):
-    """The set of hosts changed (Horovod's name); not raised in this version.
+class HostsUpdatedInterrupt(_elastic.HostsChanged):
+    """The set of hosts changed (Horovod's name): the job stops at the last commit and
+    ringtrain-run starts it again on the new hosts (see
+    :class:`ringtrain.elastic.HostsChanged`, which it is).
 
     Attributes:
-        skip_sync: whether the state may skip its synchronisation after the change.
+        skip_sync: whether the state may skip its synchronisation after the change
+            (Horovod's; the restarted job always synchronises).
     """
 
     def __init__(self, skip_sync: bool = False):
-        super().__init__("the hosts of the job changed")
+        super().__init__()
         self.skip_sync = skip_sync
 
 
@@ -90,15 +97,30 @@ class State:
             callback()
 
     def commit(self) -> None:
-        """Save the values in memory and in the checkpoint (every rank must call it; it
-        returns once the checkpoint is written), then :meth:`check_host_updates`."""
+        """Save the values in memory and in the checkpoint (every rank must call it; the
+        file is written in the background), then check for host updates.
+
+        Raises:
+            HostsUpdatedInterrupt: on every rank, when the hosts changed (the commit is
+                then on disk).
+        """
         self.save()
-        self._checkpoint.commit()
-        self.check_host_updates()
+        try:
+            self._checkpoint.commit()
+        except _elastic.HostsChanged:
+            raise HostsUpdatedInterrupt() from None
 
     def check_host_updates(self) -> None:
-        """Raise :class:`HostsUpdatedInterrupt` when the hosts changed: never in this
-        version, where a job changes size only by restarting."""
+        """Raise :class:`HostsUpdatedInterrupt` on every rank when ringtrain-run found
+        other hosts (every rank must call it); the job resumes from the last commit.
+
+        Raises:
+            HostsUpdatedInterrupt: when the hosts changed.
+        """
+        try:
+            self._checkpoint.check_host_updates()
+        except _elastic.HostsChanged:
+            raise HostsUpdatedInterrupt() from None
 
     def restore_commit(self) -> bool:
         """Load the last committed values from the checkpoint, on every rank; False when
