@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from ringtrain.variables import KV_SERVERS
+import sys
+
+from ringtrain.variables import KV_BIGARRAY_BOUND, KV_SERVERS
 
 from ..collectives import InvalidArgumentError
 from ._store import KVStore, LocalStore
 
 LOCAL_MODES = ("local", "device")
 SYNC_MODES = ("dist_sync", "dist_device_sync", "horovod")
-MODES = LOCAL_MODES + SYNC_MODES
+ASYNC_MODES = ("dist_async", "dist_device_async")
+MODES = LOCAL_MODES + SYNC_MODES + ASYNC_MODES
 """Every name :func:`create` takes."""
 
 
@@ -50,5 +53,14 @@ def create(name: str = "local", *, num_servers: int | None = None,
                                    f"{', '.join(MODES)}")
     if name in LOCAL_MODES:
         return LocalStore(name)
-    from ._sync import SyncStore
-    return SyncStore(name)
+    if name in SYNC_MODES:
+        from ._sync import SyncStore
+        return SyncStore(name)
+    from ._async import AsyncStore, open_async
+    bound = KV_BIGARRAY_BOUND.read() if bigarray_bound is None else int(bigarray_bound)
+    store = open_async(name, server_count(num_servers), bound)
+    if isinstance(store, AsyncStore):
+        return store
+    if exit_server:
+        sys.exit(0)
+    return None

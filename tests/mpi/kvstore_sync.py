@@ -261,7 +261,7 @@ def a_push_refused_on_one_rank_is_an_error_on_every_rank():
 @check
 def bad_input_names_the_key():
     expect_raises(rt.InvalidArgumentError, kvstore.create, "dist_foo",
-                  match=["'dist_foo'", "dist_sync", "horovod"])
+                  match=["'dist_foo'", "dist_sync", "dist_async", "horovod"])
     for mode in ("local", "dist_sync"):
         kv = kvstore.create(mode)
         expect_raises(rt.InvalidArgumentError, kv.pull, "nope", match=["'nope'", "init"])
