@@ -26,7 +26,9 @@ def words_for(count):
 def quantize_word(gradient, residual, word, threshold):
     """Quantize the up to 16 elements of word ``word``, updating ``residual``; the word."""
     start = word * ELEMENTS_PER_WORD
-    end = min(start + ELEMENTS_PER_WORD, gradient.size)
+    end = start + ELEMENTS_PER_WORD
+    if end > gradient.size:  # the last word's tail (no min(): numba's CUDA target)
+        end = gradient.size
     bits = np.uint32(0)
     for i in range(start, end):
         # where element i sits in the little-endian word (see the module's docstring)
