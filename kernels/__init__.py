@@ -21,5 +21,6 @@ __all__ = [
     "FP16Compressor", "FusionLayout", "NoneCompressor", "OP_CODES", "abs_max", "bits",
     "decode_bfloat", "decode_half", "dequantize_2bit", "divide_into", "empty_like",
     "encode_bfloat", "encode_half", "encoding_of", "host_threads", "is_floating", "pack",
-    "quantize_2bit", "reduce_into", "reducer", "scale_into", "set_host_threads", "twin_for", "unpack", "zeros_like",
+    "quantize_2bit", "reduce_into", "reducer", "scale_into", "set_host_threads", "twin_for",
+    "unpack", "zeros_like",
 ]
