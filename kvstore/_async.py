@@ -165,6 +165,10 @@ class AsyncStore(KVStore):
             states.update(self._comm.recv(source=dest, tag=protocol.REPLY))
         return states
 
+    def _state_keys(self) -> set[Any]:
+        return {(key, start, stop) for key, parts in self._parts.items()
+                for _, start, stop in parts}
+
     def _load_states(self, states: dict[Any, Any]) -> None:
         self._check_open("load_optimizer_states")
         for dest in self._servers():

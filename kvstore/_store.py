@@ -198,6 +198,13 @@ class KVStore:
             raise UsageError("kvstore load_optimizer_states: set an optimizer first")
         with open(fname, "rb") as file:
             states, _ = load_states(file.read(), fname)
+        known = self._state_keys()
+        unknown = [where for where in states if where not in known]
+        if unknown:
+            raise InvalidArgumentError(
+                f"kvstore load_optimizer_states: {fname!r} holds states of {unknown[0]!r}, "
+                f"which this store does not have (saved by another mode, with other keys, "
+                f"or for another number of servers)")
         self._load_states(states)
 
     def barrier(self) -> None:
@@ -242,6 +249,11 @@ class KVStore:
 
     def _states(self) -> dict[Any, Any]:
         raise NotImplementedError
+
+    def _state_keys(self) -> set[Any]:
+        """What the optimizer's states are saved under: the keys (the async modes: each
+        part's ``(key, start, stop)``)."""
+        return set(self._shapes)
 
     def _load_states(self, states: dict[Any, Any]) -> None:
         raise NotImplementedError

@@ -194,6 +194,11 @@ def optimizer_states_saved_and_loaded():
         other.load_optimizer_states(path)
         other.push(0, np.ones(4, np.float32))
         np.testing.assert_allclose(other.pull(0), second - first, rtol=1e-6)
+        third = kvstore.create("dist_sync")
+        third.set_optimizer(kvstore.optimizer.SGD(learning_rate=0.1, momentum=0.9))
+        third.init(1, np.zeros(4, np.float32))
+        expect_raises(rt.InvalidArgumentError, third.load_optimizer_states, path,
+                      match=["states of 0", "does not have"])
         with open(path, "wb") as file:
             file.write(b"not a states file")
         expect_raises(rt.InvalidArgumentError, other.load_optimizer_states, path,
