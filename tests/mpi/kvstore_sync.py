@@ -249,6 +249,14 @@ def a_key_pushed_by_some_workers_only_is_a_mismatch():
 
 
 @check(min_size=2)
+def init_with_another_shape_on_one_rank_is_a_mismatch():
+    kv = kvstore.create("dist_sync")
+    shape = (4,) if rt.rank() == 1 else (3,)
+    expect_raises(rt.MismatchError, kv.init, "w", np.zeros(shape, np.float32),
+                  match=["kvstore init 'w'", "rank 1 sent shape (4,)", "(3,)"])
+
+
+@check(min_size=2)
 def a_push_refused_on_one_rank_is_an_error_on_every_rank():
     kv = kvstore.create("dist_sync")
     kv.init("a", np.zeros(3, np.float32))
