@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..collectives import InvalidArgumentError, MismatchError, RingtrainError
+from ..collectives import InvalidArgumentError, MismatchError, RingtrainError, UsageError
 from . import _protocol as protocol
 from ._keys import Key
 from ._server import Server, as_bytes
@@ -195,7 +195,7 @@ class AsyncStore(KVStore):
 
     def _check_open(self, operation: str) -> None:
         if self._closed:
-            raise InvalidArgumentError(f"kvstore {operation}: the store was closed")
+            raise UsageError(f"kvstore {operation}: the store was closed")
 
 
 def _dumps(optimizer: Any) -> bytes:

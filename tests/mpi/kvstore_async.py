@@ -234,7 +234,7 @@ def bad_input_names_the_key():
         exact(kv.pull("v"), np.ones(2), "usable after the errors")
         closed = kv
     if closed is not None:  # a worker of the last store
-        expect_raises(rt.InvalidArgumentError, closed.pull, "v", match=["closed"])
+        expect_raises(rt.UsageError, closed.pull, "v", match=["closed"])
 
 
 if __name__ == "__main__":
