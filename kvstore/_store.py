@@ -82,16 +82,19 @@ class KVStore:
             InvalidArgumentError: a key not initialised, or a value whose shape or dtype
                 differs from the key's initial value.
         """
-        items = []
+        totals: dict[Key, np.ndarray] = {}
         try:
             for k, values in pairs(key, value, "push"):
                 total = summed(values, k, "push", self.on_device)
                 check_like(k, total, self._held(k, "push"), "push")
-                items.append((k, total))
+                if k in totals:  # a key listed twice: its values are summed, as MXNet does
+                    totals[k] += total
+                else:
+                    totals[k] = total
         except RingtrainError as error:
             self._refuse("push", key, error)
             raise
-        self._push(items)
+        self._push(list(totals.items()))
 
     def pull(self, key: Key | Sequence[Key], out: Any = None, priority: int = 0,
              ignore_sparse: bool = True) -> Any:

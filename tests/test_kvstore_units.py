@@ -84,6 +84,9 @@ def test_the_local_store_sums_several_values_and_updates_with_its_optimizer():
     outs = [np.empty((2, 2), np.int64), np.empty((2, 2), np.int64)]
     kv.pull(2, out=outs)
     assert all(out.tolist() == [[4, 4], [4, 4]] for out in outs)
+    kv.push(["a", 2, "a"], [np.ones(3, np.float32), np.ones((2, 2), np.int64),
+                            np.full(3, 2, np.float32)])  # a key listed twice: summed
+    assert kv.pull("a").tolist() == [3, 3, 3]
     kv.set_optimizer(SGD(learning_rate=0.5))
     kv.push("a", np.ones(3, np.float32))
     assert kv.pull("a").tolist() == [2.5, 2.5, 2.5]
