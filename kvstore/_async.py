@@ -11,7 +11,6 @@ Workers never wait for each other, except in ``init``, ``set_optimizer`` and
 from __future__ import annotations
 
 import atexit
-import pickle
 from typing import Any
 
 import numpy as np
@@ -22,6 +21,7 @@ from . import _protocol as protocol
 from ._keys import Key
 from ._server import Server, as_bytes
 from ._store import KVStore
+from ._table import pickled
 
 
 def open_async(name: str, num_servers: int, bound: int) -> AsyncStore | int:
@@ -149,7 +149,7 @@ class AsyncStore(KVStore):
         self._check_open("set_optimizer")
         self._agree("set_optimizer", {"optimizer": type(optimizer).__name__})
         if self.rank == 0:
-            data = _dumps(optimizer)
+            data = pickled(optimizer)
             for dest in self._servers():
                 self._request(protocol.SET_OPTIMIZER, None, 0, dest)
                 self._comm.send(data, dest, protocol.DATA)
@@ -196,13 +196,3 @@ class AsyncStore(KVStore):
     def _check_open(self, operation: str) -> None:
         if self._closed:
             raise UsageError(f"kvstore {operation}: the store was closed")
-
-
-def _dumps(optimizer: Any) -> bytes:
-    """The optimizer pickled for the servers (with cloudpickle where installed, so that
-    lambdas and local classes travel too)."""
-    try:
-        import cloudpickle
-    except ImportError:
-        return pickle.dumps(optimizer)
-    return cloudpickle.dumps(optimizer)

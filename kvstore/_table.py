@@ -57,9 +57,19 @@ class Table:
                               grad.reshape(weight.shape), self.states[key])
 
 
+def pickled(obj: Any) -> bytes:
+    """``obj`` pickled, with cloudpickle where installed, so that the optimizers given as
+    lambdas or local classes travel to the servers and into states files too."""
+    try:
+        import cloudpickle
+    except ImportError:
+        return pickle.dumps(obj)
+    return cloudpickle.dumps(obj)
+
+
 def dump_states(states: dict[Any, Any], optimizer: Any) -> bytes:
     """The bytes of a states file (the optimizer pickled too, as MXNet's ``dump_optimizer``)."""
-    return pickle.dumps((STATES_FORMAT, states, optimizer))
+    return pickled((STATES_FORMAT, states, optimizer))
 
 
 def load_states(data: bytes, fname: str) -> tuple[dict[Any, Any], Any]:
