@@ -53,3 +53,23 @@ def test_a_worker_that_dies_ends_the_job_while_the_server_serves_the_others():
     assert run.returncode == 1, run
     assert run.stderr.splitlines()[-1].startswith(
         "ringtrain-run: rank 1 raised RuntimeError: worker 1 cannot go on"), run
+
+
+@needs_mpi
+def test_an_optimizer_that_fails_on_a_server_ends_the_job_naming_the_key():
+    code = ("import numpy as np\n"
+            "from ringtrain import kvstore\n"
+            "def update(key, grad, weight):\n"
+            "    if key == 'bad':\n"
+            "        raise ValueError('no update for this key')\n"
+            "kv = kvstore.create('dist_async')\n"
+            "kv.set_optimizer(update)\n"
+            "kv.init(['good', 'bad'], [np.zeros(3), np.zeros(3)])\n"
+            "kv.push('good', np.ones(3))\n"
+            "kv.push('bad', np.ones(3))\n"
+            "kv.pull('bad')\n"
+            "print('not reached')\n")
+    run = launch("-np", "2", sys.executable, "-c", code)
+    assert run.returncode != 0 and "not reached" not in run.stdout, run
+    assert "kvstore server rank 1: push of key 'bad' from worker 0 failed" in run.stderr, run
+    assert "ValueError: no update for this key" in run.stderr, run
