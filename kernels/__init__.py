@@ -8,9 +8,9 @@ the arrays they are given.
 
 from .compression import (BF16Compressor, Compression, CompressionContext, Compressor,
                           FP16Compressor, NoneCompressor)
-from .dispatch import (abs_max, decode_bfloat, decode_half, divide_into, empty_like,
-                       encode_bfloat, encode_half, pack, reduce_into, scale_into, twin_for,
-                       unpack, zeros_like)
+from .dispatch import (abs_max, decode_bfloat, decode_half, dequantize_2bit, divide_into,
+                       empty_like, encode_bfloat, encode_half, pack, quantize_2bit,
+                       reduce_into, scale_into, twin_for, unpack, zeros_like)
 from .dtypes import BFLOAT16, bits, encoding_of, is_floating
 from .host import OP_CODES, host_threads, set_host_threads
 from .layout import FusionLayout
@@ -19,7 +19,8 @@ from .reduction import reducer
 __all__ = [
     "BFLOAT16", "BF16Compressor", "Compression", "CompressionContext", "Compressor",
     "FP16Compressor", "FusionLayout", "NoneCompressor", "OP_CODES", "abs_max", "bits",
-    "decode_bfloat", "decode_half", "divide_into", "empty_like", "encode_bfloat",
-    "encode_half", "encoding_of", "host_threads", "is_floating", "pack", "reduce_into",
-    "reducer", "scale_into", "set_host_threads", "twin_for", "unpack", "zeros_like",
+    "decode_bfloat", "decode_half", "dequantize_2bit", "divide_into", "empty_like",
+    "encode_bfloat", "encode_half", "encoding_of", "host_threads", "is_floating", "pack",
+    "quantize_2bit", "reduce_into", "reducer", "scale_into", "set_host_threads", "twin_for",
+    "unpack", "zeros_like",
 ]

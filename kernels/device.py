@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from . import float_bits
+from . import float_bits, two_bit
 from .dtypes import BFLOAT16, BFLOAT16_ENCODING, BFLOAT16_TYPESTR, encoding_of
 from .layout import FusionLayout
 
@@ -132,6 +132,8 @@ _half_from_float = _device_function(float_bits.half_bits_from_float_bits)
 _float_from_half = _device_function(float_bits.float_bits_from_half_bits)
 _bfloat_from_float = _device_function(float_bits.bfloat_bits_from_float_bits)
 _float_from_bfloat = _device_function(float_bits.float_bits_from_bfloat_bits)
+_quantize_word = _device_function(two_bit.quantize_word)
+_dequantized = _device_function(two_bit.dequantized)
 
 
 def _kernel(function: Callable) -> Callable:
@@ -631,6 +633,33 @@ def _decode_16(kernel: Callable, wire: Any, out: Any, scale: float) -> None:
     bits, flat = _bits(wire), _array(out)
     _check_sizes(bits, flat)
     _launch(kernel, flat.size, stream, bits, flat, _float32_scale(scale))
+
+
+@_kernel
+def _quantize_2bit_kernel(gradient, residual, words, threshold):
+    for word in range(cuda.grid(1), words.size, cuda.gridsize(1)):
+        words[word] = _quantize_word(gradient, residual, word, threshold)
+
+
+@_kernel
+def _dequantize_2bit_kernel(words, out, threshold):
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = _dequantized(words, i, threshold)
+
+
+def quantize_2bit(gradient: Any, residual: Any, words: Any, threshold: float) -> None:
+    """Device twin of :func:`ringtrain.kernels.host.quantize_2bit`: a thread per word."""
+    flat, kept, coded = _array(gradient), _array(residual), _array(words)
+    t = two_bit.checked_threshold(flat.size, _described(gradient).dtype, coded, kept,
+                                  threshold)
+    _launch(_quantize_2bit_kernel, coded.size, _stream(gradient), flat, kept, coded, t)
+
+
+def dequantize_2bit(words: Any, out: Any, threshold: float) -> None:
+    """Device twin of :func:`ringtrain.kernels.host.dequantize_2bit`."""
+    flat, coded = _array(out), _array(words)
+    t = two_bit.checked_threshold(flat.size, _described(out).dtype, coded, None, threshold)
+    _launch(_dequantize_2bit_kernel, flat.size, _stream(out), coded, flat, t)
 
 
 def _encoding(encoding: str | None, out: Any) -> str | None:

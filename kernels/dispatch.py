@@ -63,6 +63,16 @@ def decode_bfloat(wire: Any, out: Any, scale: float = 1.0) -> None:
     twin_for(wire).decode_bfloat(wire, out, scale)
 
 
+def quantize_2bit(gradient: Any, residual: Any, words: Any, threshold: float) -> None:
+    """MXNet's 2-bit quantization of ``gradient + residual``, 16 elements per uint32 word."""
+    twin_for(gradient).quantize_2bit(gradient, residual, words, threshold)
+
+
+def dequantize_2bit(words: Any, out: Any, threshold: float) -> None:
+    """The +t, -t or 0 each element of 2-bit ``words`` stands for, into float32 ``out``."""
+    twin_for(out).dequantize_2bit(words, out, threshold)
+
+
 def reduce_into(op: str, a: Any, b: Any, out: Any, encoding: str | None = None) -> None:
     """``out = a (op) b`` elementwise; 16-bit floats computed in float32."""
     twin_for(out).reduce_into(op, a, b, out, encoding)

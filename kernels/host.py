@@ -18,7 +18,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from . import float_bits
+from . import float_bits, two_bit
 from .dtypes import BFLOAT16, BFLOAT16_ENCODING, encoding_of, is_floating
 from .layout import FusionLayout
 
@@ -75,6 +75,8 @@ def _bfloat_bits_from_arithmetic(bits):
 
 _bfloat_from_arithmetic = _jit(_bfloat_bits_from_arithmetic)
 _float_from_bfloat = _jit(float_bits.float_bits_from_bfloat_bits)
+_quantize_word = _jit(two_bit.quantize_word)
+_dequantized = _jit(two_bit.dequantized)
 
 
 class _SizedLoop:
@@ -371,6 +373,50 @@ def _decode_16(loop: _SizedLoop, wire: np.ndarray, out: np.ndarray, scale: float
     if bits.size != flat_out.size:
         raise ValueError(f"wire has {bits.size} elements, out {flat_out.size}")
     loop(bits.size, bits, flat_out, _scale_as_float32(scale))
+
+
+def _quantize_2bit(gradient, residual, words, threshold):
+    for word in numba.prange(words.size):
+        words[word] = _quantize_word(gradient, residual, word, threshold)
+
+
+def _dequantize_2bit(words, out, threshold):
+    for i in numba.prange(out.size):
+        out[i] = _dequantized(words, i, threshold)
+
+
+_quantize_2bit_loop = _SizedLoop(_quantize_2bit)
+_dequantize_2bit_loop = _SizedLoop(_dequantize_2bit)
+
+
+def quantize_2bit(gradient: np.ndarray, residual: np.ndarray, words: np.ndarray,
+                  threshold: float) -> None:
+    """MXNet's 2-bit quantization: ``words`` codes ``gradient + residual`` as +t, -t or 0.
+
+    Args:
+        gradient: float32, C-contiguous.
+        residual: float32, same size: what earlier quantizations kept back; updated to
+            ``gradient + residual - quantized``.
+        words: uint32, ``two_bit.words_for(gradient.size)`` of them, 16 elements each
+            (the layout is :mod:`.two_bit`'s).
+        threshold: t > 0 (as float32).
+    """
+    t = two_bit.checked_threshold(gradient.size, gradient.dtype, words, residual, threshold)
+    flat = _flat(gradient)
+    _quantize_2bit_loop(flat.size, flat, _flat(residual), _flat(words), t)
+
+
+def dequantize_2bit(words: np.ndarray, out: np.ndarray, threshold: float) -> None:
+    """``out`` = the +t, -t or 0 that each element of :func:`quantize_2bit`'s ``words`` codes.
+
+    Args:
+        words: uint32, ``two_bit.words_for(out.size)`` of them.
+        out: float32, C-contiguous; overwritten.
+        threshold: the t the words were quantized with.
+    """
+    t = two_bit.checked_threshold(out.size, out.dtype, words, None, threshold)
+    flat = _flat(out)
+    _dequantize_2bit_loop(flat.size, _flat(words), flat, t)
 
 
 def reduce_into(op: str, a: np.ndarray, b: np.ndarray, out: np.ndarray,

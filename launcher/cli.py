@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..resize_protocol import HOSTS_UPDATED, RESIZING, clear, is_marked
-from ..variables import TIMELINE_MERGED_BY_LAUNCHER
+from ..variables import KV_SERVERS, TIMELINE_MERGED_BY_LAUNCHER
 from .command import CommandError, build_mpiexec_argv, python_target, rank_command
 from .horovodrun import RefusedFlag, Translation, add_flags, translate
 from .host_watch import HostWatcher
@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="set a variable on every rank (NAME alone passes on its "
                              "value here); may be repeated")
+    parser.add_argument("--servers", type=int, default=None, metavar="K",
+                        help="ringtrain.kvstore's async modes: the last K ranks serve the "
+                             "keys (sets $RINGTRAIN_KV_SERVERS; default 1)")
     parser.add_argument("--timeline", "--timeline-filename", metavar="PATH",
                         help="record what every rank's collectives do, as a Chrome trace "
                              "written to PATH when the job ends (view it in Perfetto)")
@@ -152,6 +155,23 @@ def parse_environment(assignments: Sequence[str]) -> dict[str, str]:
             value = os.environ[name]
         environment[name] = value
     return environment
+
+
+def kvstore_servers(servers: int | None, nprocs: int | None,
+                    environment: dict[str, str]) -> None:
+    """Set ``RINGTRAIN_KV_SERVERS`` in ``environment`` for ``--servers K``.
+
+    Raises:
+        CommandLineError: K < 1, or no rank left to be a worker.
+    """
+    if servers is None:
+        return
+    if servers < 1:
+        raise CommandLineError(f"--servers {servers}: give a number of server ranks >= 1")
+    if nprocs is not None and servers >= nprocs:
+        raise CommandLineError(f"--servers {servers}: -np {nprocs} leaves no rank to be a "
+                               f"worker")
+    environment[KV_SERVERS.name] = str(servers)
 
 
 def job_timeline(path: str | None, environment: dict[str, str]) -> JobTimeline | None:
@@ -311,6 +331,7 @@ def _launch(options: argparse.Namespace) -> int:
         command = command[1:]
     hosts = _hosts(options)
     environment = {**horovodrun.environment, **parse_environment(options.env)}
+    kvstore_servers(options.servers, options.nprocs, environment)
     timeline = job_timeline(options.timeline, environment)
     _check_command(command, local=not hosts and elastic.discovery_script is None)
     try:

@@ -444,6 +444,16 @@ REPORT_FD: Variable[int | None] = _declare(Variable(
     "the pipe on which a rank's exception hook reports to the ringtrain-run supervisor",
     set_by_launcher=True))
 
+# Read by ringtrain.kvstore.create (RINGTRAIN_KV_SERVERS also set by ringtrain-run --servers).
+KV_SERVERS: Variable[int | None] = _declare(Variable(
+    "RINGTRAIN_KV_SERVERS", parse_count, None,
+    "kvstore async modes: how many ranks (the last ones) serve the keys; unset: 1",
+    check=_at_least("RINGTRAIN_KV_SERVERS", 1), blank_is_unset=True, set_by_launcher=True))
+KV_BIGARRAY_BOUND: Variable[int] = _declare(Variable(
+    "RINGTRAIN_KV_BIGARRAY_BOUND", parse_count, 1_000_000,
+    "kvstore async modes: values of more elements are split across all servers",
+    check=_at_least("RINGTRAIN_KV_BIGARRAY_BOUND", 1)))
+
 # A test hook.
 BENCH_INJECT_WRONG: Variable[bool] = _declare(Variable(
     "RINGTRAIN_BENCH_INJECT_WRONG",

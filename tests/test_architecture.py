@@ -1,5 +1,5 @@
-"""The library's module structure: no import cycles, and the trainer uses only the
-collectives' public API and their engine (``ringtrain.collectives.engine``).
+"""The library's module structure: no import cycles, and the trainer and the kvstore use
+only the collectives' public API and their engine (``ringtrain.collectives.engine``).
 
 Imports are read from the source (every import statement, also those inside functions),
 so a cycle hidden behind an import placed in a function is found too.
@@ -20,6 +20,7 @@ PACKAGE_DIRS = {
     "ringtrain.kernels": ROOT / "kernels",
     "ringtrain.trainer": ROOT / "trainer",
     "ringtrain.launcher": ROOT / "launcher",
+    "ringtrain.kvstore": ROOT / "kvstore",
 }
 
 
@@ -122,8 +123,10 @@ def test_no_import_cycles() -> None:
         "; ".join(" <-> ".join(cycle) for cycle in cycles)
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("ringtrain.trainer")))
-def test_the_trainer_uses_no_private_collectives_module(module: str) -> None:
+@pytest.mark.parametrize("module", sorted(m for m in MODULES
+                                          if m.startswith(("ringtrain.trainer",
+                                                           "ringtrain.kvstore"))))
+def test_front_ends_use_no_private_collectives_module(module: str) -> None:
     private = sorted(target for target in GRAPH[module]
                      if target.startswith("ringtrain.collectives.")
                      and any(part.startswith("_") for part in target.split(".")[2:]))
@@ -132,12 +135,27 @@ def test_the_trainer_uses_no_private_collectives_module(module: str) -> None:
 
 def test_collectives_and_kernels_do_not_import_upwards() -> None:
     upward = {m: sorted(t for t in GRAPH[m] if t.startswith(("ringtrain.trainer",
-                                                             "ringtrain.launcher")))
+                                                             "ringtrain.launcher",
+                                                             "ringtrain.kvstore")))
               for m in MODULES if m.startswith(("ringtrain.collectives", "ringtrain.kernels"))}
     assert not {m: t for m, t in upward.items() if t}
     kernels_up = {m: sorted(t for t in GRAPH[m] if t.startswith("ringtrain.collectives"))
                   for m in MODULES if m.startswith("ringtrain.kernels")}
     assert not {m: t for m, t in kernels_up.items() if t}
+
+
+def test_the_kvstore_is_a_front_end_of_its_own() -> None:
+    """kvstore -> collectives -> kernels: it imports neither the trainer nor the launcher,
+    and only ringtrain's public aliases import it."""
+    kvstore = [m for m in MODULES if m.startswith("ringtrain.kvstore")]
+    sideways = {m: sorted(t for t in GRAPH[m] if t.startswith(("ringtrain.trainer",
+                                                                "ringtrain.launcher")))
+                for m in kvstore}
+    assert not {m: t for m, t in sideways.items() if t}
+    importers = sorted(m for m in MODULES if not m.startswith("ringtrain.kvstore")
+                       and any(t.startswith("ringtrain.kvstore") for t in GRAPH[m])
+                       and m.count(".") > 1)
+    assert not importers, f"modules importing ringtrain.kvstore: {importers}"
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.endswith("__main__")))

@@ -69,6 +69,10 @@ for kernel in (device._pack_bfloat_kernel, device._unpack_bfloat_kernel):
                                 array(np.uint16), types.float32)))
 for kernel in (device._scale_bfloat_kernel, device._divide_bfloat_kernel):
     signatures.append((kernel, (array(np.uint16), types.float32, array(np.uint16))))
+signatures.append((device._quantize_2bit_kernel, (array(np.float32), array(np.float32),
+                                                  array(np.uint32), types.float32)))
+signatures.append((device._dequantize_2bit_kernel, (array(np.uint32), array(np.float32),
+                                                    types.float32)))
 
 def store_widths(ptx):
     """Bits of each store to global or generic memory (``st.global.u32`` is 32)."""

@@ -28,6 +28,9 @@ ARGUMENTS["horovod_style"] = TINY
 MIN_ACCURACY["horovod_style"] = 0.5
 REQUIRES["horovod_style"] = "torch"
 
+# Parameter servers: 1 worker + 1 server at np=2, 2 workers + 1 server at np=3.
+ARGUMENTS["kvstore_async"] = ["--steps", "40", "--slow-sleep", "0.005"]
+
 
 def run_example(example: str, nprocs: int, *extra: str) -> str:
     module = REQUIRES.get(example)
@@ -73,6 +76,17 @@ def test_horovod_style_example_options(nprocs, options):
     output = run_example("horovod_style", nprocs, *options)
     if "--fp16-allreduce" in options:
         assert "compression fp16" in output, output
+
+
+@pytest.mark.parametrize("nprocs, mode", [(3, "dist_async"), (2, "dist_sync")])
+def test_kvstore_example_learns_and_reports_each_worker(nprocs, mode):
+    """The loss starts near 64 (the teacher's squared norm); the noise alone gives 0.01."""
+    output = run_example("kvstore_async", nprocs, "--mode", mode)
+    workers = nprocs - 1 if mode == "dist_async" else nprocs
+    for worker in range(workers):
+        assert re.search(rf"worker {worker}( \(slow\))?: 40 steps in .* steps/s", output), output
+    found = re.search(rf"{nprocs} ranks: final loss (\d+\.\d+) \({mode}", output)
+    assert found and float(found.group(1)) < 0.5, output
 
 
 def test_horovod_style_example_changes_only_the_import():

@@ -14,7 +14,7 @@ import pytest
 
 from ringtrain.launcher import command as command_module
 from ringtrain.launcher import rank_env
-from ringtrain.launcher.cli import CommandLineError, parse_environment
+from ringtrain.launcher.cli import CommandLineError, kvstore_servers, parse_environment
 from ringtrain.launcher.command import (PYTHON_RUNNER_MODULE, SUPERVISOR_MODULE, CommandError,
                                         build_mpiexec_argv, python_target, rank_command,
                                         wrap_python_command)
@@ -230,6 +230,20 @@ def test_bad_environment_assignments(assignment, monkeypatch):
     monkeypatch.delenv("RINGTRAIN_SURELY_UNSET_VAR", raising=False)
     with pytest.raises(CommandLineError):
         parse_environment([assignment])
+
+
+def test_servers_set_the_variable_the_kvstore_reads():
+    environment: dict[str, str] = {}
+    kvstore_servers(2, 5, environment)
+    assert environment == {"RINGTRAIN_KV_SERVERS": "2"}
+    kvstore_servers(None, 5, environment := {})
+    assert environment == {}
+
+
+@pytest.mark.parametrize("servers,nprocs", [(0, 4), (4, 4), (-1, None)])
+def test_bad_server_counts(servers, nprocs):
+    with pytest.raises(CommandLineError, match="--servers"):
+        kvstore_servers(servers, nprocs, {})
 
 
 # --------------------------------------------------------------------------- per-rank defaults

@@ -46,6 +46,8 @@ MALFORMED = {
     "RINGTRAIN_TIMELINE_MERGED_BY_LAUNCHER": "maybe",
     "RINGTRAIN_REPORT_FD": "pipe",
     "RINGTRAIN_BENCH_INJECT_WRONG": "sometimes",
+    "RINGTRAIN_KV_SERVERS": "0",
+    "RINGTRAIN_KV_BIGARRAY_BOUND": "1M",
 }
 """A malformed value of every variable that has one (a path cannot be malformed)."""
 
@@ -64,6 +66,8 @@ WELL_FORMED = {
     "RINGTRAIN_TIMELINE_MERGED_BY_LAUNCHER": ("1", True),
     "RINGTRAIN_REPORT_FD": ("7", 7),
     "RINGTRAIN_BENCH_INJECT_WRONG": ("1", True),
+    "RINGTRAIN_KV_SERVERS": ("2", 2),
+    "RINGTRAIN_KV_BIGARRAY_BOUND": ("1000", 1000),
 }
 
 
@@ -118,7 +122,8 @@ def test_every_setting_has_its_variable_and_its_default():
 
 def test_the_launcher_sets_the_variables_it_declares():
     assert sorted(name for name, v in VARIABLES.items() if v.set_by_launcher) == \
-        ["RINGTRAIN_ELASTIC_DIR", "RINGTRAIN_REPORT_FD", "RINGTRAIN_RESTART_COUNT",
+        ["RINGTRAIN_ELASTIC_DIR", "RINGTRAIN_KV_SERVERS", "RINGTRAIN_REPORT_FD",
+         "RINGTRAIN_RESTART_COUNT",
          "RINGTRAIN_TIMELINE", "RINGTRAIN_TIMELINE_MERGED_BY_LAUNCHER"]
 
 

@@ -22,6 +22,7 @@ from ringtrain import kernels
 from ringtrain.kernels import (BF16Compressor, Compression, FP16Compressor, FusionLayout,
                                host)
 from ringtrain.kernels import layout as layout_module
+from ringtrain.kernels.two_bit import words_for
 
 # The simulator computes with numpy scalars, which warn of what the GPU does silently.
 pytestmark = [pytest.mark.filterwarnings("ignore:.*encountered in scalar:RuntimeWarning"),
@@ -788,3 +789,34 @@ def test_bfloat16_device_arrays(cuda, device):
     target = device.empty((3, 4), kernels.BFLOAT16)
     target.copy_to_device(values)
     assert_same_bits(target.copy_to_host(), values)
+
+
+@pytest.mark.parametrize("size", [1, 17, 1001])
+@pytest.mark.parametrize("threshold", [0.5, 2.0])
+def test_two_bit_quantization_matches_host(cuda, size, threshold):
+    rng = np.random.default_rng(size)
+    expected_residual = np.zeros(size, np.float32)
+    residual = cuda.to_device(expected_residual)
+    expected_words = np.empty(words_for(size), np.uint32)
+    words = cuda.to_device(garbage(expected_words.size, np.uint32))
+    for step in range(3):
+        gradient = (rng.standard_normal(size) * threshold).astype(np.float32)
+        host.quantize_2bit(gradient, expected_residual, expected_words, threshold)
+        kernels.quantize_2bit(cuda.to_device(gradient), residual, words, threshold)
+        assert np.array_equal(words.copy_to_host(), expected_words), step
+        assert np.array_equal(residual.copy_to_host(), expected_residual), step
+        expected = np.empty(size, np.float32)
+        host.dequantize_2bit(expected_words, expected, threshold)
+        out = cuda.to_device(garbage(size, np.float32))
+        kernels.dequantize_2bit(words, out, threshold)
+        assert np.array_equal(out.copy_to_host(), expected), step
+
+
+def test_two_bit_kernels_check_their_arguments(cuda):
+    with pytest.raises(ValueError, match="threshold"):
+        kernels.dequantize_2bit(cuda.to_device(np.zeros(1, np.uint32)),
+                                cuda.to_device(np.zeros(4, np.float32)), 0.0)
+    with pytest.raises(ValueError, match="words"):
+        kernels.quantize_2bit(cuda.to_device(np.zeros(17, np.float32)),
+                              cuda.to_device(np.zeros(17, np.float32)),
+                              cuda.to_device(np.zeros(1, np.uint32)), 1.0)
