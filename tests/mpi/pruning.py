@@ -6,6 +6,11 @@ MismatchError naming the layer, and pruning works again once the weights are equ
 pruned weights and their optimizer state stay exactly zero through SGD with momentum and
 weight decay, Adam and AdamW; the schedule's sparsity is reached at its steps.
 
+With the masks handed to the DistributedOptimizer, its buckets carry only the kept
+elements: the reduced values equal a numpy reference for every dtype, the bytes the
+reducer counts per step equal the kept elements' bytes, and N ranks training with
+pruning end every step with one process's masks and parameters (the gold check).
+
 Run: mpiexec -n K python tests/mpi/pruning.py [--only SUBSTRING]
 """
 
@@ -16,7 +21,8 @@ import torch
 from torch.nn.utils import prune
 
 import ringtrain as rt
-from _harness import Digests, check, expect_raises, main, rng
+from _harness import (REDUCE_DTYPES, Digests, assert_reduced, check, expect_raises, main,
+                      make_input, reduce_reference, rng)
 from ringtrain import pruning
 
 METHODS = [(method, scope) for method in pruning.METHODS for scope in pruning.SCOPES]
@@ -164,6 +170,141 @@ def the_schedule_sparsity_is_reached_at_its_steps():
         expected = int(round(schedule.sparsity_at(max(s for s in (0, 2, 5, 8, 11) if s <= step))
                              * total)) if step >= 2 else 0
         assert round(pruner.sparsity() * total) == expected, (step, pruner.sparsity())
+
+
+# --------------------------------------------------------------------------- buckets
+
+GRADIENT_SHAPES = [(7, 5), (13,), (3, 4, 3), (1,), (2, 9)]
+
+
+def random_mask(shape, key) -> np.ndarray:
+    """The same on every rank (rank 0's generator)."""
+    return rng(0, "mask", shape, key).uniform(size=shape) < 0.6
+
+
+@check
+def masked_buckets_reduce_the_kept_elements_of_every_dtype():
+    for dtype in REDUCE_DTYPES:
+        op = rt.Average if dtype.kind == "f" else rt.Sum
+        for fusion in (dict(fusion_threshold=200, first_bucket_bytes=64),
+                       dict(fusion_threshold=0)):
+            gradients = [make_input(rt.rank(), shape, dtype, op, "grad", i)
+                         for i, shape in enumerate(GRADIENT_SHAPES)]
+            reducer = rt.GradientReducer([(f"g{i}", g) for i, g in enumerate(gradients)],
+                                         op=op, **fusion)
+            masks = [random_mask(shape, i) if i % 2 == 0 else None
+                     for i, shape in enumerate(GRADIENT_SHAPES)]
+            reducer.set_masks(masks)
+            for i, gradient in enumerate(gradients):
+                reducer.mark_ready(i, gradient)
+            reducer.wait()
+            for i, (shape, gradient, mask) in enumerate(zip(GRADIENT_SHAPES, gradients, masks)):
+                inputs = [make_input(r, shape, dtype, op, "grad", i) for r in range(rt.size())]
+                expected = reduce_reference(inputs, op)
+                if mask is not None:
+                    expected = np.where(mask, expected, 0).astype(expected.dtype)
+                assert_reduced(gradient, expected, dtype, f"{dtype} {fusion} g{i}")
+            kept = sum(int(m.sum()) if m is not None else int(np.prod(s))
+                       for s, m in zip(GRADIENT_SHAPES, masks))
+            if fusion["fusion_threshold"] == 0:
+                assert reducer.last_step_bytes == kept * dtype.itemsize
+
+
+def pruned_model() -> torch.nn.Module:
+    """Weights and biases all pruned: every bucket packs only kept elements."""
+    return convnet()
+
+
+def model_gradients_step(model, optimizer, step: int) -> None:
+    inputs, targets = batch(step, source=rt.rank())
+    optimizer.zero_grad()
+    torch.nn.functional.mse_loss(model(inputs), targets).backward()
+    optimizer.step()
+
+
+@check
+def bytes_on_the_wire_per_step_equal_the_kept_elements_bytes():
+    for biases, fusion, compression, wire in (
+            (False, dict(fusion_threshold=0), rt.Compression.none, 4),
+            (True, dict(fusion_threshold=256, first_bucket_bytes=128), rt.Compression.none, 4),
+            (True, dict(fusion_threshold=1 << 20), rt.Compression.fp16, 2)):
+        model = convnet()
+        optimizer = rt.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+            named_parameters=model.named_parameters(), compression=compression, **fusion)
+        targets = [(m, name) for m in model.modules() if isinstance(m, pruning.PRUNABLE_LAYERS)
+                   for name in (("weight", "bias") if biases else ("weight",))]
+        pruner = pruning.Pruner(model, parameters=targets, optimizer=optimizer)
+        everything = sum(p.numel() for p in model.parameters())
+        model_gradients_step(model, optimizer, 0)
+        if not biases:  # alone and dense: no padding in any bucket
+            assert optimizer.reducer.last_step_bytes == everything * wire
+        previous = None
+        for step, sparsity in enumerate((0.5, 0.8, 0.95), start=1):
+            pruner.prune(sparsity)
+            model_gradients_step(model, optimizer, step)
+            pruned = sum(int((m == 0).sum()) for m in pruner.masks().values())
+            sent = optimizer.reducer.last_step_bytes
+            assert sent == (everything - pruned) * wire == optimizer.reducer.bytes_per_step, \
+                (biases, fusion, sparsity, sent, everything - pruned)
+            assert previous is None or sent < previous
+            previous = sent
+
+
+def gold_tolerance(dtype: torch.dtype) -> float:
+    """How far N ranks' parameters may be from one process's.
+
+    Both average the same per-sample gradients; only the order of the additions differs
+    (N partial means summed across ranks against one mean over the global batch), a few
+    units in the last place of each averaged gradient. The parameters stay below 1 in
+    magnitude and move by lr times that error per step, with momentum adding up to
+    1/(1 - 0.9) = 10 times; over 6 steps that is far below 1e-5 in float32 (ulp 6e-8)
+    and 1e-12 in float64.
+    """
+    return 1e-5 if dtype == torch.float32 else 1e-12
+
+
+GOLD_BATCH = 24  # divides by 1, 2, 3 and 4 ranks
+
+
+@check
+def n_ranks_with_pruning_equal_one_process_on_the_global_batch():
+    digests = Digests()
+    for dtype in (torch.float32, torch.float64):
+        for method in ("magnitude", "structured"):
+            for fusion in (dict(fusion_threshold=400, first_bucket_bytes=100),
+                           dict(fusion_threshold=0)):
+                model, reference = convnet(dtype=dtype), convnet(dtype=dtype)
+                make = lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9,  # noqa: E731
+                                                 weight_decay=0.01)
+                optimizer = rt.DistributedOptimizer(
+                    make(model.parameters()), named_parameters=model.named_parameters(),
+                    **fusion)
+                single = make(reference.parameters())
+                schedule = pruning.GradualSchedule(0.8, begin_step=0, end_step=4, frequency=2)
+                pruner = pruning.Pruner(model, schedule, method, optimizer=optimizer)
+                reference_pruner = pruning.Pruner(reference, schedule, method, optimizer=single)
+                share = GOLD_BATCH // rt.size()
+                for step in range(6):
+                    inputs, targets = batch(step, rows=GOLD_BATCH, dtype=dtype)
+                    mine = slice(rt.rank() * share, (rt.rank() + 1) * share)
+                    for net, opt, rows in ((model, optimizer, mine),
+                                           (reference, single, slice(None))):
+                        opt.zero_grad()
+                        torch.nn.functional.mse_loss(net(inputs[rows]), targets[rows]).backward()
+                        opt.step()
+                    pruner.step()
+                    reference_pruner.step()
+                    what = f"{dtype} {method} {fusion} step {step}"
+                    for name, mask in pruner.masks().items():
+                        assert torch.equal(mask, reference_pruner.masks()[name]), f"{what} {name}"
+                    state, expected = model.state_dict(), reference.state_dict()
+                    for name, value in state.items():
+                        difference = float((value - expected[name]).abs().max())
+                        assert difference <= gold_tolerance(dtype), f"{what} {name}: {difference}"
+                        digests.add(f"{what} {name}", value.numpy())
+                assert pruner.sparsity() > (0.79 if method == "magnitude" else 0.5)
+    digests.verify()
 
 
 if __name__ == "__main__":
