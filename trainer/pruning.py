@@ -32,6 +32,12 @@ Adam's moments), after every optimizer step too, so they stay exactly zero. Hand
 ``DistributedOptimizer``, the pruner gives it the masks, and its gradient buckets carry
 only the gradients of the weights left (see
 :meth:`~ringtrain.trainer.gradient_reducer.GradientReducer.set_masks`).
+
+The masks are buffers of the model, so ``broadcast_parameters(model.state_dict())`` and
+checkpoints of ``model.state_dict()`` carry them; after loading or broadcasting them,
+:meth:`Pruner.refresh` hands them on (or :meth:`Pruner.broadcast` does both, step count
+included). In a ``ringtrain.elastic.State``, put the pruner next to the model: its own
+``state_dict()`` holds the masks and the step count, and restoring it refreshes.
 """
 
 from __future__ import annotations
@@ -44,10 +50,11 @@ import numpy as np
 import torch
 from torch.nn.utils import prune
 
-from ..collectives import ProcessSet, allgather_object
+from ..collectives import ProcessSet, allgather_object, broadcast_object
 from ..collectives.errors import InvalidArgumentError, MismatchError
 from .pruning_masks import check_method, compute_masks
 from .pruning_schedule import GradualSchedule
+from .state_broadcast import broadcast_parameters
 
 PRUNABLE_LAYERS = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
 """The layers whose ``weight`` a :class:`Pruner` prunes unless told which parameters."""
@@ -171,6 +178,20 @@ class Pruner:
         if self.shrink_communication and handler is not None:
             handler([(getattr(module, f"{name}_orig"), getattr(module, f"{name}_mask"))
                      for _, module, name in self._targets])
+
+    def broadcast(self, root_rank: int = 0) -> None:
+        """Give every rank ``root_rank``'s masks and step count (then :meth:`refresh`),
+        e.g. after loading a checkpoint on the root only; every rank must call it.
+        ``broadcast_parameters(model.state_dict())`` carries the masks too (they are
+        buffers of the model), but not the step count.
+
+        Raises:
+            MismatchError: on every rank, when the ranks prune different weights.
+        """
+        self.step_count = broadcast_object(self.step_count, root_rank, name="pruning step",
+                                           process_set=self.process_set)
+        broadcast_parameters(self.masks(), root_rank, self.process_set)
+        self.refresh()
 
     def state_dict(self) -> dict[str, Any]:
         """The step count and the masks (for ``ringtrain.elastic.State`` and checkpoints)."""

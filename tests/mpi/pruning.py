@@ -16,6 +16,9 @@ Run: mpiexec -n K python tests/mpi/pruning.py [--only SUBSTRING]
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+
 import numpy as np
 import torch
 from torch.nn.utils import prune
@@ -23,7 +26,7 @@ from torch.nn.utils import prune
 import ringtrain as rt
 from _harness import (REDUCE_DTYPES, Digests, assert_reduced, check, expect_raises, main,
                       make_input, reduce_reference, rng)
-from ringtrain import pruning
+from ringtrain import elastic, pruning
 
 METHODS = [(method, scope) for method in pruning.METHODS for scope in pruning.SCOPES]
 DTYPES = [torch.float32, torch.float64, torch.bfloat16]
@@ -305,6 +308,78 @@ def n_ranks_with_pruning_equal_one_process_on_the_global_batch():
                         digests.add(f"{what} {name}", value.numpy())
                 assert pruner.sparsity() > (0.79 if method == "magnitude" else 0.5)
     digests.verify()
+
+
+# --------------------------------------------------------------------------- state
+
+def pruned_on_root_only():
+    """Rank 0's model with masks of about 70% sparsity; the others fresh, from other seeds.
+    Every rank wraps its model in a DistributedOptimizer and a Pruner."""
+    model = convnet(seed=11 if rt.rank() == 0 else 20 + rt.rank())
+    optimizer = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                        named_parameters=model.named_parameters(),
+                                        fusion_threshold=300, first_bucket_bytes=100)
+    pruner = pruning.Pruner(model, optimizer=optimizer)
+    if rt.rank() == 0:  # as if loaded from rank 0's checkpoint
+        for name, mask in pruner.masks().items():
+            mask.copy_(torch.from_numpy(rng(0, "root mask", name).uniform(size=mask.shape) > 0.7))
+        pruner.refresh()
+        pruner.step_count = 9
+    return model, optimizer, pruner
+
+
+def check_same_as_root(model, optimizer, pruner, what: str) -> None:
+    """Masks, weights and step count as rank 0's; buckets sized to the kept elements."""
+    digests = Digests()
+    for name, value in model.state_dict().items():
+        digests.add(f"{what} {name}", value.numpy())
+    digests.verify()
+    assert 0.6 < pruner.sparsity() < 0.8 and pruner.step_count == 9, what
+    kept = sum(p.numel() for p in model.parameters()) - \
+        sum(int((m == 0).sum()) for m in pruner.masks().values())
+    assert optimizer.reducer.bytes_per_step == kept * 4, what
+    model_gradients_step(model, optimizer, 0)
+    assert optimizer.reducer.last_step_bytes == kept * 4, what
+    digests = Digests()
+    for name, value in model.state_dict().items():
+        digests.add(f"{what} after a step {name}", value.numpy())
+    digests.verify()
+
+
+@check
+def broadcast_parameters_carries_the_masks_and_broadcast_the_step_count():
+    model, optimizer, pruner = pruned_on_root_only()
+    rt.broadcast_parameters(model.state_dict(), root_rank=0)
+    pruner.refresh()
+    pruner.step_count = rt.broadcast_object(pruner.step_count, 0)
+    check_same_as_root(model, optimizer, pruner, "broadcast_parameters")
+    model, optimizer, pruner = pruned_on_root_only()
+    rt.broadcast_parameters(model.state_dict(), root_rank=0)
+    pruner.broadcast(root_rank=0)
+    check_same_as_root(model, optimizer, pruner, "Pruner.broadcast")
+
+
+@check
+def an_elastic_state_restores_the_masks_into_fresh_models():
+    directory = rt.broadcast_object(tempfile.mkdtemp() if rt.rank() == 0 else None, 0)
+    model, optimizer, pruner = pruned_on_root_only()
+    rt.broadcast_parameters(model.state_dict(), root_rank=0)
+    pruner.broadcast(root_rank=0)
+    state = elastic.State(directory=directory, model=model, optimizer=optimizer,
+                          pruner=pruner, epoch=2)
+    state.commit()
+    state.flush()
+    model = convnet(seed=40 + rt.rank())  # fresh on every rank, then restored
+    optimizer = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                        named_parameters=model.named_parameters(),
+                                        fusion_threshold=300, first_bucket_bytes=100)
+    pruner = pruning.Pruner(model, optimizer=optimizer)
+    restored = elastic.State(directory=directory, model=model, optimizer=optimizer,
+                             pruner=pruner, epoch=0)
+    assert restored.restore() and restored.epoch == 2
+    check_same_as_root(model, optimizer, pruner, "elastic")
+    if rt.rank() == 0:
+        shutil.rmtree(directory)
 
 
 if __name__ == "__main__":
