@@ -17,17 +17,14 @@ from ..collectives.errors import InvalidArgumentError
 
 
 class KeptElements:
-    """The flat indices of a gradient's kept and pruned elements.
+    """The flat indices of a gradient's kept elements.
 
     Attributes:
         kept: int64 indices of the elements that travel, ascending.
-        pruned: int64 indices of the others.
     """
 
     def __init__(self, mask: np.ndarray):
-        flat = mask.reshape(-1)
-        self.kept = np.flatnonzero(flat)
-        self.pruned = np.flatnonzero(~flat)
+        self.kept = np.flatnonzero(mask.reshape(-1))
 
     @property
     def count(self) -> int:
@@ -69,7 +66,7 @@ def scatter_kept(source: np.ndarray, kept: KeptElements | None, gradient: np.nda
     if kept is None:
         target[...] = source
     else:
+        target.fill(0)  # a pass over memory costs less than indexing the pruned ones
         target[kept.kept] = source
-        target[kept.pruned] = 0
     if flat is None:
         gradient[...] = target.reshape(gradient.shape)

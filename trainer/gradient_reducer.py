@@ -203,7 +203,8 @@ class GradientReducer:
         masked) and plan their allreduces."""
         sizes = [spec if kept is None else GradientSpec(spec.name, (kept.count,), spec.dtype)
                  for spec, kept in zip(self.specs, self._kept)]
-        groups = assign_buckets(sizes, self.fusion_threshold, self._first_bucket_bytes)
+        groups = assign_buckets(sizes, self.fusion_threshold, self._first_bucket_bytes,
+                                copied=[kept is not None for kept in self._kept])
         self.buckets = [Bucket(i, len(groups), members, self.specs, self._kept)
                         for i, members in enumerate(groups)]
         self._bucket_of = [0] * len(self.specs)
