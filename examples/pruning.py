@@ -29,10 +29,9 @@ import os
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
 import ringtrain as rt
-from pytorch_mlp import evaluate, make_datasets, make_model, parameters_digest
+from pytorch_mlp import evaluate, make_loaders, make_model, parameters_digest
 from ringtrain import pruning
 
 
@@ -63,12 +62,7 @@ def main() -> None:
     rank, size = rt.rank(), rt.size()
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // rt.local_size()))
 
-    train_set, held_out_set = make_datasets(args.samples, args.seed)
-    sampler = rt.DistributedSampler(len(train_set), mode="pad", seed=args.seed)
-    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
-    held_out_loader = DataLoader(
-        held_out_set, batch_size=1024,
-        sampler=rt.DistributedSampler(len(held_out_set), mode="exact", shuffle=False))
+    sampler, loader, held_out_loader = make_loaders(args)
 
     torch.manual_seed(args.seed + rank)  # different weights on every rank, until broadcast
     model = make_model(args.hidden)

@@ -133,3 +133,33 @@ def test_bad_methods_are_refused():
         compute_masks(ws, ones(ws), 0.5, "magnitude", "model")
     with pytest.raises(InvalidArgumentError, match="group_size"):
         compute_masks(ws, ones(ws), 0.5, "group_l2", group_size=0)
+
+
+def test_a_pruner_puts_torch_prune_masks_on_linear_and_conv_weights_and_refuses_bad_input():
+    torch = pytest.importorskip("torch")
+    from ringtrain.pruning import Pruner
+    model = torch.nn.Sequential(torch.nn.Conv1d(2, 3, 2), torch.nn.Flatten(),
+                                torch.nn.Linear(6, 4))
+    pruner = Pruner(model)
+    assert pruner.names == ["0.weight", "2.weight"]
+    assert sorted(model.state_dict()) == ["0.bias", "0.weight_mask", "0.weight_orig",
+                                          "2.bias", "2.weight_mask", "2.weight_orig"]
+    assert pruner.sparsity() == 0.0 and torch.equal(model[2].weight, model[2].weight_orig)
+    saved = pruner.state_dict()
+    saved["masks"]["2.weight"][0] = 0
+    saved["step_count"] = 7
+    pruner.load_state_dict(saved)
+    assert pruner.step_count == 7 and torch.all(model[2].weight_orig[0] == 0)
+    assert pruner.sparsity() == pytest.approx(6 / (12 + 24))
+    with pytest.raises(InvalidArgumentError, match="saved masks are for"):
+        pruner.load_state_dict({"step_count": 0, "masks": {}})
+    with pytest.raises(InvalidArgumentError, match="method must be one of"):
+        Pruner(model, method="random")
+    with pytest.raises(InvalidArgumentError, match="not a module of the model"):
+        Pruner(model, parameters=[(torch.nn.Linear(2, 2), "weight")])
+    with pytest.raises(InvalidArgumentError, match="has no parameter 'scale'"):
+        Pruner(model, parameters=[(model[2], "scale")])
+    with pytest.raises(InvalidArgumentError, match="nothing to prune"):
+        Pruner(torch.nn.Sequential(torch.nn.ReLU()))
+    with pytest.raises(InvalidArgumentError, match="schedule must be a GradualSchedule"):
+        Pruner(model, schedule=0.8)

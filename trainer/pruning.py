@@ -104,8 +104,15 @@ class Pruner:
         self.shrink_communication = shrink_communication
         self.step_count = 0
         self._targets = _named_targets(model, parameters)
+        if shrink_communication and hasattr(optimizer, "set_gradient_masks"):
+            elsewhere = [path for path, module, name in self._targets
+                         if getattr(module, name).device.type != "cpu"]
+            if elsewhere:
+                raise InvalidArgumentError(
+                    f"{', '.join(elsewhere)} are not on the CPU: pruning-aware buckets reduce "
+                    f"host gradients; pass shrink_communication=False")
         for _, module, name in self._targets:
-            if not prune.is_pruned(module) or not hasattr(module, f"{name}_mask"):
+            if not hasattr(module, f"{name}_mask"):
                 prune.identity(module, name)
         if optimizer is not None:
             optimizer.register_step_post_hook(lambda *_: self._zero_pruned())

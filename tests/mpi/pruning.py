@@ -213,11 +213,6 @@ def masked_buckets_reduce_the_kept_elements_of_every_dtype():
                 assert reducer.last_step_bytes == kept * dtype.itemsize
 
 
-def pruned_model() -> torch.nn.Module:
-    """Weights and biases all pruned: every bucket packs only kept elements."""
-    return convnet()
-
-
 def model_gradients_step(model, optimizer, step: int) -> None:
     inputs, targets = batch(step, source=rt.rank())
     optimizer.zero_grad()
