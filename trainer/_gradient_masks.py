@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..collectives.errors import InvalidArgumentError
+from ..collectives.errors import InvalidArgumentError, subject
 
 
 class KeptElements:
@@ -44,7 +44,8 @@ def kept_elements(name: str, shape: tuple[int, ...], mask: Any) -> KeptElements 
     mask = np.asarray(mask)
     if mask.shape != shape:
         raise InvalidArgumentError(
-            f"the mask of gradient {name!r} has shape {mask.shape}; the gradient has {shape}")
+            f"{subject('set_masks', name)}: the mask has shape {mask.shape}; the gradient "
+            f"has {shape}")
     mask = mask != 0
     return None if mask.all() else KeptElements(mask)
 

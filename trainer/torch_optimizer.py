@@ -180,15 +180,16 @@ class TorchDistributedOptimizer(WrappedOptimizerView, SynchronizedSteps, torch.o
             index = index_of.get(id(parameter))
             if index is None:
                 raise InvalidArgumentError(
-                    f"set_gradient_masks: a parameter of shape {tuple(parameter.shape)} is "
-                    f"not one this optimizer reduces")
+                    f"{subject('set_gradient_masks', None)}: a parameter of shape "
+                    f"{tuple(parameter.shape)} is not one this optimizer reduces")
             if mask is None:
                 continue
             array = (mask.detach() != 0).cpu().numpy()
             if parameter.device.type != "cpu" and not array.all():
                 raise InvalidArgumentError(
-                    f"set_gradient_masks: {self._parameters[index][0]!r} is on "
-                    f"{parameter.device}; pruning-aware buckets reduce host gradients")
+                    f"{subject('set_gradient_masks', self._parameters[index][0])}: the "
+                    f"parameter is on {parameter.device}; pruning-aware buckets reduce host "
+                    f"gradients")
             arrays[index] = array
         self._reducer.set_masks(arrays)
 

@@ -213,6 +213,26 @@ def masked_buckets_reduce_the_kept_elements_of_every_dtype():
                 assert reducer.last_step_bytes == kept * dtype.itemsize
 
 
+@check(min_size=2)
+def masks_that_differ_across_ranks_fail_the_bucket_on_every_rank_without_a_hang():
+    gradients = [make_input(rt.rank(), shape, np.float32, rt.Average, "differ", i)
+                 for i, shape in enumerate(GRADIENT_SHAPES)]
+    reducer = rt.GradientReducer([(f"g{i}", g) for i, g in enumerate(gradients)],
+                                 fusion_threshold=0)
+    masks = [random_mask(shape, i) for i, shape in enumerate(GRADIENT_SHAPES)]
+    if rt.rank() == rt.size() - 1:
+        masks[0] = masks[0].copy()
+        masks[0].reshape(-1)[0] = not masks[0].reshape(-1)[0]
+    reducer.set_masks(masks)
+    for i, gradient in enumerate(gradients):
+        reducer.mark_ready(i, gradient)
+    expect_raises(rt.MismatchError, reducer.wait, match=["[g0]", f"rank {rt.size() - 1} sent"])
+    reducer.set_masks([None] * len(gradients))  # usable again once the masks agree
+    for i, gradient in enumerate(gradients):
+        reducer.mark_ready(i, gradient)
+    reducer.wait()
+
+
 def model_gradients_step(model, optimizer, step: int) -> None:
     inputs, targets = batch(step, source=rt.rank())
     optimizer.zero_grad()
