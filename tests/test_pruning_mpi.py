@@ -11,7 +11,7 @@ from mpi_launch import run_mpi
 pytest.importorskip("torch")
 
 NPROCS = [1, 2, 3, 4]
-MIN_CHECKS = 12
+MIN_CHECKS = 13
 
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])

@@ -213,6 +213,42 @@ def masked_buckets_reduce_the_kept_elements_of_every_dtype():
                 assert reducer.last_step_bytes == kept * dtype.itemsize
 
 
+class PlainSGD:
+    """An optimizer over arrays: parameter -= lr * gradient."""
+
+    def __init__(self, pairs, lr: float = 0.5):
+        self.pairs, self.lr = pairs, lr
+
+    def step(self) -> None:
+        for parameter, gradient in self.pairs:
+            parameter -= self.lr * gradient
+
+
+@check
+def the_numpy_optimizer_protocol_takes_masks():
+    parameters = [np.zeros(shape, np.float64) for shape in GRADIENT_SHAPES]
+    gradients = [np.empty(shape, np.float64) for shape in GRADIENT_SHAPES]
+    optimizer = rt.DistributedOptimizer(
+        PlainSGD(list(zip(parameters, gradients))),
+        named_parameters=[(f"w{i}", p, g) for i, (p, g) in enumerate(zip(parameters,
+                                                                          gradients))])
+    masks = {f"w{i}": random_mask(shape, i) for i, shape in enumerate(GRADIENT_SHAPES)
+             if i != 1}
+    optimizer.set_gradient_masks(masks)
+    for i, (shape, gradient) in enumerate(zip(GRADIENT_SHAPES, gradients)):
+        gradient[...] = make_input(rt.rank(), shape, np.float64, rt.Average, "numpy", i)
+    optimizer.step()
+    kept = 0
+    for i, (shape, parameter) in enumerate(zip(GRADIENT_SHAPES, parameters)):
+        inputs = [make_input(r, shape, np.float64, rt.Average, "numpy", i)
+                  for r in range(rt.size())]
+        mask = masks.get(f"w{i}", np.ones(shape, bool))
+        expected = -0.5 * np.where(mask, reduce_reference(inputs, rt.Average), 0.0)
+        assert_reduced(parameter, expected, np.float64, f"w{i}")
+        kept += int(mask.sum())
+    assert optimizer.reducer.last_step_bytes == kept * 8
+
+
 @check(min_size=2)
 def masks_that_differ_across_ranks_fail_the_bucket_on_every_rank_without_a_hang():
     gradients = [make_input(rt.rank(), shape, np.float32, rt.Average, "differ", i)
