@@ -80,6 +80,19 @@ def make_datasets(samples: int, seed: int) -> tuple[TensorDataset, TensorDataset
             TensorDataset(inputs[samples:], labels[samples:]))
 
 
+def make_loaders(args: argparse.Namespace,
+                 ) -> tuple[rt.DistributedSampler, DataLoader, DataLoader]:
+    """This rank's training sampler and loader (a padded shard, reshuffled by
+    ``set_epoch``) and its held-out loader (every sample once, on one rank)."""
+    train_set, held_out_set = make_datasets(args.samples, args.seed)
+    train_sampler = rt.DistributedSampler(len(train_set), mode="pad", seed=args.seed)
+    train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=train_sampler)
+    held_out_loader = DataLoader(
+        held_out_set, batch_size=1024,
+        sampler=rt.DistributedSampler(len(held_out_set), mode="exact", shuffle=False))
+    return train_sampler, train_loader, held_out_loader
+
+
 def make_model(hidden: int) -> nn.Module:
     return nn.Sequential(nn.Linear(FEATURES, hidden), nn.ReLU(),
                          nn.Linear(hidden, hidden), nn.ReLU(),
@@ -132,12 +145,7 @@ def main() -> None:
     # The ranks on a node share its cores.
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // rt.local_size()))
 
-    train_set, held_out_set = make_datasets(args.samples, args.seed)
-    train_sampler = rt.DistributedSampler(len(train_set), mode="pad", seed=args.seed)
-    train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=train_sampler)
-    held_out_loader = DataLoader(
-        held_out_set, batch_size=1024,
-        sampler=rt.DistributedSampler(len(held_out_set), mode="exact", shuffle=False))
+    train_sampler, train_loader, held_out_loader = make_loaders(args)
 
     torch.manual_seed(args.seed + rank)  # different weights on every rank, until broadcast
     model = make_model(args.hidden)

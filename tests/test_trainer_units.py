@@ -38,6 +38,16 @@ def test_large_gradients_travel_alone_and_small_ones_fuse_across_them():
     assert buckets == [[3], [2, 1, 0]]
     buckets = assign_buckets(specs(100, 100, 100), threshold=1 << 20, alone_bytes=400)
     assert buckets == [[2], [1], [0]]
+
+
+def test_gradients_copied_anyway_fuse_whatever_their_size():
+    # bytes 400 each: alone by size, unless copied into a bucket anyway (masked gradients)
+    buckets = assign_buckets(specs(100, 100, 100, 100), threshold=1000, first_bucket_bytes=1000,
+                             alone_bytes=400, copied=[True, True, False, True])
+    assert buckets == [[2], [3, 1], [0]]
+    buckets = assign_buckets(specs(100, 100, 100), threshold=1000, first_bucket_bytes=1000,
+                             alone_bytes=400, copied=[True, True, True])
+    assert buckets == [[2, 1], [0]]
     buckets = assign_buckets(specs(99, 99, 99), threshold=1 << 20, alone_bytes=400)
     assert buckets == [[2, 1, 0]]
 

@@ -9,7 +9,8 @@ threshold, large enough that per-message costs vanish, small enough that
 communication starts long before the backward pass ends. A bucket holds one dtype.
 Large gradients travel alone, reduced in place: fusion pays off for small tensors, whose
 messages cost more than their bytes, not for large ones, whose copies into and out of
-a bucket would cost more than their message.
+a bucket would cost more than their message. The kept elements of masked gradients
+(pruning) are copied in any case, so they fuse whatever their size.
 """
 
 from __future__ import annotations
@@ -66,11 +67,14 @@ def fusion_threshold(explicit: int | None = None) -> int:
 
 def assign_buckets(specs: Sequence[GradientSpec], threshold: int,
                    first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
-                   alone_bytes: int = DEFAULT_ALONE_BYTES) -> list[list[int]]:
+                   alone_bytes: int = DEFAULT_ALONE_BYTES,
+                   copied: Sequence[bool] | None = None) -> list[list[int]]:
     """Group gradients (given in registration order) into buckets.
 
     Gradients are taken in reverse registration order. One of ``alone_bytes`` or more
-    (or as large as the bucket limit) is a bucket of its own, reduced where it lies.
+    (or as large as the bucket limit) is a bucket of its own, reduced where it lies,
+    unless ``copied`` says it is copied into a buffer anyway (a masked gradient's kept
+    elements): then only the bucket limit sends it alone.
     Each other one joins the open bucket of its dtype, unless it would take that bucket
     past its limit (``first_bucket_bytes`` for the first bucket closed, ``threshold``
     afterwards): then the open bucket is closed first. With ``threshold`` 0 every
@@ -94,7 +98,8 @@ def assign_buckets(specs: Sequence[GradientSpec], threshold: int,
 
     for index in reversed(range(len(specs))):
         spec = specs[index]
-        if spec.nbytes >= min(alone_bytes, limit()):
+        alone = limit() if copied is not None and copied[index] else min(alone_bytes, limit())
+        if spec.nbytes >= alone:
             closed.append([index])
             continue
         if spec.dtype in open_buckets and open_bytes[spec.dtype] + spec.nbytes > limit():

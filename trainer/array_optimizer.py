@@ -23,7 +23,7 @@ Gradients not marked are reduced when ``step()`` (or ``synchronize()``) is calle
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -91,6 +91,20 @@ class ArrayDistributedOptimizer(SynchronizedSteps):
         """
         index = self._reducer.index_of(name)
         self._reducer.mark_ready(index, self._arrays[index])
+
+    def set_gradient_masks(self, masks: Mapping[str, np.ndarray | None]) -> None:
+        """Send only the gradients' kept elements (mask nonzero) from the next step on;
+        gradients not named travel whole. Every rank must give the same masks (see
+        :meth:`GradientReducer.set_masks`).
+
+        Raises:
+            InvalidArgumentError: an unknown name, a mask of another shape.
+            UsageError: called while gradients are being reduced.
+        """
+        arrays: list[np.ndarray | None] = [None] * len(self._arrays)
+        for name, mask in masks.items():
+            arrays[self._reducer.index_of(name)] = mask
+        self._reducer.set_masks(arrays)
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
         """Synchronize (unless inside :meth:`skip_synchronize`), then call the wrapped

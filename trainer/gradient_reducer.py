@@ -13,6 +13,11 @@ buffer with the prescale fused into the copy (one kernel launch), agree with the
 ranks, reduce (encoding to fp16/bf16 and back when compressing, with the 1/N and the
 postscale fused into the decode), unpack into the gradients. A bucket of one
 contiguous gradient skips the copies and is reduced in place.
+
+Pruning-aware buckets: given masks (:meth:`GradientReducer.set_masks`), a bucket carries
+only the kept elements of its masked gradients (see :mod:`._gradient_masks`), and the
+buckets are assigned again from the gradients' kept sizes, alike on every rank (the
+masks are the same everywhere), so the bytes sent per step fall with the sparsity.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from ..kernels.dispatch import dtype_of
 from ..kernels.layout import DEFAULT_ALIGNMENT_BYTES
 from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec, assign_buckets
 from ._buckets import fusion_threshold as resolve_fusion_threshold
+from ._gradient_masks import KeptElements, gather_kept, kept_elements, scatter_kept
 from ._names import repeated_names
 
 _COLLECTIVE = "allreduce_"
@@ -46,10 +52,13 @@ class Bucket:
         index: position in launch order.
         members: indices of the gradients, in buffer order.
         name: names the bucket in errors (the same on every rank for the same model).
+        kept: for a pruning-aware bucket, each member's kept elements (None: all of
+            them); None for a dense bucket.
     """
 
     def __init__(self, index: int, count: int, members: list[int],
-                 specs: Sequence[GradientSpec]):
+                 specs: Sequence[GradientSpec],
+                 kept: Sequence[KeptElements | None] | None = None):
         self.index = index
         self.members = members
         names = [specs[i].name for i in members]
@@ -57,10 +66,18 @@ class Bucket:
         more = f", +{len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else ""
         self.name = f"gradient bucket {index + 1}/{count} [{shown}{more}]"
         dtype = specs[members[0]].dtype
-        # A gradient alone is reduced where it lies when it is contiguous, so its
-        # bucket's buffer (used otherwise) must have no padding either.
-        alignment = dtype.itemsize if len(members) == 1 else DEFAULT_ALIGNMENT_BYTES
-        self.layout = FusionLayout([specs[i].shape for i in members], dtype, alignment)
+        masked = [kept[i] for i in members] if kept is not None else []
+        self.kept = masked if any(k is not None for k in masked) else None
+        if self.kept is not None:
+            # Kept elements one gradient after the other: the bytes sent are theirs alone.
+            sizes = [specs[i].nbytes // dtype.itemsize if k is None else k.count
+                     for i, k in zip(members, self.kept)]
+            self.layout = FusionLayout([(n,) for n in sizes], dtype, dtype.itemsize)
+        else:
+            # A gradient alone is reduced where it lies when it is contiguous, so its
+            # bucket's buffer (used otherwise) must have no padding either.
+            alignment = dtype.itemsize if len(members) == 1 else DEFAULT_ALIGNMENT_BYTES
+            self.layout = FusionLayout([specs[i].shape for i in members], dtype, alignment)
         self.buffer: np.ndarray | None = None
         self.device_buffer: Any = None
 
@@ -79,6 +96,10 @@ class Bucket:
         if as_array is not None:
             gradients = [as_array(g) for g in gradients]
         described = device_tensor(gradients[0], _COLLECTIVE, self.name)
+        if self.kept is not None:
+            self._reduce_kept(plan, gradients, prescale_factor, postscale_factor,
+                              described is not None)
+            return
         if described is None:
             if len(gradients) == 1 and gradients[0].flags.c_contiguous:
                 flat = gradients[0].reshape(-1)
@@ -97,6 +118,25 @@ class Bucket:
             reduce_fused(device_plan(), _COLLECTIVE, self.name, self.layout, gradients,
                          self.device_buffer, prescale_factor, postscale_factor,
                          described.device)
+
+    def _reduce_kept(self, plan: AllreducePlan, gradients: list[Any], prescale_factor: float,
+                     postscale_factor: float, on_device: bool) -> None:
+        """Gather the kept elements into the buffer, allreduce it, scatter them back."""
+        if on_device:
+            # Refused alike on every rank (masks and devices are the same everywhere), so
+            # no rank waits for this bucket's message.
+            raise UsageError(f"{self.name}: pruning-aware buckets reduce host gradients; "
+                             f"these are in device memory")
+        if self.buffer is None:
+            self.buffer = self.layout.empty_buffer()
+        views = self.layout.views(self.buffer)
+        for gradient, kept, view in zip(gradients, self.kept, views):
+            gather_kept(gradient, kept, view)
+        flat = self.buffer.reshape(-1)
+        reduce_planned(plan, _COLLECTIVE, self.name, flat, flat, prescale_factor,
+                       postscale_factor)
+        for gradient, kept, view in zip(gradients, self.kept, views):
+            scatter_kept(view, kept, gradient)
 
 
 class GradientReducer:
@@ -124,6 +164,11 @@ class GradientReducer:
             (PyTorch) passes its tensors and this converter, which keeps
             :meth:`mark_ready` cheap: it then checks nothing.
 
+    Attributes:
+        buckets: the fusion buckets, in launch order.
+        last_step_bytes: the bytes this rank handed to the allreduces of the last step
+            that :meth:`wait` finished (counted as :attr:`bytes_per_step` counts them).
+
     Raises:
         InvalidArgumentError, UnsupportedDtypeError: duplicate or empty names, bad
             arguments, a dtype that cannot be reduced with ``op``; before any
@@ -142,24 +187,76 @@ class GradientReducer:
         self.process_set = process_set
         self.fusion_threshold = resolve_fusion_threshold(fusion_threshold)
         self.backward_passes_per_step = backward_passes_per_step
-        groups = assign_buckets(self.specs, self.fusion_threshold, first_bucket_bytes)
-        self.buckets = [Bucket(i, len(groups), members, self.specs)
+        self._first_bucket_bytes = first_bucket_bytes
+        self._prescale = prescale_factor
+        self._postscale = postscale_factor
+        self._plan_arguments = (op, postscale_factor, process_set, algorithm, compression)
+        self._kept: list[KeptElements | None] = [None] * len(self.specs)
+        self._lock = threading.Lock()
+        self.step_prologue: Callable[[], None] | None = None
+        self.last_step_bytes = 0
+        self._build_buckets()
+        self._reset()
+
+    def _build_buckets(self) -> None:
+        """Assign the buckets from the gradients' sizes (their kept elements' where
+        masked) and plan their allreduces."""
+        sizes = [spec if kept is None else GradientSpec(spec.name, (kept.count,), spec.dtype)
+                 for spec, kept in zip(self.specs, self._kept)]
+        groups = assign_buckets(sizes, self.fusion_threshold, self._first_bucket_bytes,
+                                copied=[kept is not None for kept in self._kept])
+        self.buckets = [Bucket(i, len(groups), members, self.specs, self._kept)
                         for i, members in enumerate(groups)]
         self._bucket_of = [0] * len(self.specs)
         for bucket in self.buckets:
             for index in bucket.members:
                 self._bucket_of[index] = bucket.index
-        self._prescale = prescale_factor
-        self._postscale = postscale_factor
-        self._plan_arguments = (op, postscale_factor, process_set, algorithm, compression)
+        op, postscale_factor, process_set, algorithm, compression = self._plan_arguments
         self._plans = [allreduce_plan(self._bucket_spec(bucket), op, bucket.name, 1.0,
                                       postscale_factor, process_set, algorithm, compression,
                                       _COLLECTIVE)
                        for bucket in self.buckets]
         self._device_plans: dict[int, Any] = {}
-        self._lock = threading.Lock()
-        self.step_prologue: Callable[[], None] | None = None
+        self._wire_bytes = [bucket.layout.total_size * _wire_itemsize(compression,
+                                                                      bucket.layout.dtype)
+                            for bucket in self.buckets]
+
+    def set_masks(self, masks: Sequence[Any]) -> None:
+        """Reduce only the kept elements of masked gradients from the next step on.
+
+        Every rank must give the same masks (ranks that do not get a MismatchError from
+        the first bucket that differs, on every rank). The buckets are assigned again
+        from the kept sizes; the pruned elements of a masked gradient are set to zero by
+        each reduction. Device gradients cannot be masked (the step raises UsageError).
+
+        Args:
+            masks: one entry per gradient, in registration order: an array of the
+                gradient's shape (nonzero: kept), or None for a gradient sent whole. A
+                mask that keeps everything counts as None.
+
+        Raises:
+            InvalidArgumentError: not one mask per gradient, or a mask of another shape.
+            UsageError: called while a step's gradients are being reduced.
+        """
+        masks = list(masks)
+        if len(masks) != len(self.specs):
+            raise InvalidArgumentError(
+                f"set_masks: got {len(masks)} masks for {len(self.specs)} gradients")
+        kept = [kept_elements(spec.name, spec.shape, mask)
+                for spec, mask in zip(self.specs, masks)]
+        if self.in_progress():
+            raise UsageError("set_masks() was called while gradients are being reduced; call "
+                             "it before backward() or after step()")
+        self._kept = kept
+        self._build_buckets()
         self._reset()
+
+    @property
+    def bytes_per_step(self) -> int:
+        """The bytes each rank hands to the allreduces of a step, with the current masks
+        (each bucket's buffer, padding included; float32 counted as 2 bytes when
+        compressed to fp16 or bf16)."""
+        return sum(self._wire_bytes)
 
     @property
     def backward_passes_per_step(self) -> int:
@@ -276,6 +373,7 @@ class GradientReducer:
                 self._missing[bucket.index] = 0
             self._launch_ready_buckets()
             handles = self._handles
+            self.last_step_bytes = self._step_bytes
             self._reset()
         _wait_all(handles)
         if unmarked:
@@ -323,12 +421,14 @@ class GradientReducer:
                                      gradients, self._prescale, self._postscale,
                                      self._as_array)
             self._handles.append(submit(_COLLECTIVE, bucket.name, body, self.process_set))
+            self._step_bytes += self._wire_bytes[bucket.index]
             self._next_launch += 1
 
     def _reset(self) -> None:
         self._step = _Step()
         self._started = False
         self._next_launch = 0
+        self._step_bytes = 0
         self._handles: list[Handle] = []
         self._passes = [0] * len(self.specs)
         self._gradients: list[np.ndarray | None] = [None] * len(self.specs)
@@ -337,6 +437,13 @@ class GradientReducer:
     def __repr__(self) -> str:
         return (f"GradientReducer({len(self.specs)} gradients in {len(self.buckets)} "
                 f"buckets, fusion threshold {self.fusion_threshold} bytes)")
+
+
+def _wire_itemsize(compression: Compressor, dtype: np.dtype) -> int:
+    """Bytes per element of ``dtype`` on the wire under ``compression``."""
+    if compression.applies_to(dtype):
+        return compression.wire_dtype.itemsize
+    return dtype.itemsize
 
 
 def predivide_factors(op: ReduceOp, gradient_predivide_factor: float) -> tuple[float, float]:

@@ -158,6 +158,41 @@ class TorchDistributedOptimizer(WrappedOptimizerView, SynchronizedSteps, torch.o
             arrays.append(_gradient_array(master.grad))
         return arrays
 
+    def set_gradient_masks(self, masks: Iterable[tuple[torch.Tensor, torch.Tensor | None]],
+                           ) -> None:
+        """Send only the gradients of unpruned elements from the next step on (pruning-aware
+        buckets; :class:`~ringtrain.pruning.Pruner` calls this when its masks change).
+
+        Args:
+            masks: ``(parameter, mask)`` pairs (mask nonzero: kept; None: the whole
+                gradient); parameters not given travel whole. Every rank must give the
+                same masks.
+
+        Raises:
+            InvalidArgumentError: a parameter this optimizer does not reduce, a mask of
+                another shape, or a masked parameter in GPU memory (pruning-aware
+                buckets are for host gradients).
+            UsageError: called between ``backward()`` and ``step()``.
+        """
+        index_of = {id(p): i for i, (_, p) in enumerate(self._parameters)}
+        arrays: list[Any] = [None] * len(self._parameters)
+        for parameter, mask in masks:
+            index = index_of.get(id(parameter))
+            if index is None:
+                raise InvalidArgumentError(
+                    f"{subject('set_gradient_masks', None)}: a parameter of shape "
+                    f"{tuple(parameter.shape)} is not one this optimizer reduces")
+            if mask is None:
+                continue
+            array = (mask.detach() != 0).cpu().numpy()
+            if parameter.device.type != "cpu" and not array.all():
+                raise InvalidArgumentError(
+                    f"{subject('set_gradient_masks', self._parameters[index][0])}: the "
+                    f"parameter is on {parameter.device}; pruning-aware buckets reduce host "
+                    f"gradients")
+            arrays[index] = array
+        self._reducer.set_masks(arrays)
+
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
         """The wrapped optimizer's ``state_dict()``; with master weights, the float32
         copies too, under ``"master_weights"`` (``{position in param_groups: tensor}``)."""
