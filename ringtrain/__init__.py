@@ -16,7 +16,7 @@ except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0+unknown"
 
 _SUBPACKAGES = ("collectives", "kernels", "trainer", "launcher", "elastic", "variables",
-                "timeline_format")
+                "timeline_format", "pipeline")
 
 
 def __getattr__(name: str) -> Any:
