@@ -28,6 +28,11 @@ ARGUMENTS["horovod_style"] = TINY
 MIN_ACCURACY["horovod_style"] = 0.5
 REQUIRES["horovod_style"] = "torch"
 
+# Stages and replicas: 1 × 1, 2 × 1 and 3 × 1 by default, 2 × 2 below.
+ARGUMENTS["pipeline_parallel"] = TINY
+MIN_ACCURACY["pipeline_parallel"] = 0.5
+REQUIRES["pipeline_parallel"] = "torch"
+
 
 def run_example(example: str, nprocs: int, *extra: str) -> str:
     module = REQUIRES.get(example)
@@ -56,6 +61,7 @@ def test_example_runs(example, nprocs):
     ("numpy_mlp", 3, ["--compression", "fp16", "--fusion-threshold", "0"]),
     ("pytorch_mlp", 2, ["--compression", "bf16", "--fusion-threshold", "4096"]),
     ("numpy_mlp", 2, ["--progress", "always"]),
+    ("pipeline_parallel", 4, ["--stages", "2", "--schedule", "gpipe"]),
 ])
 def test_training_example_options(example, nprocs, options):
     output = run_example(example, nprocs, *options)
