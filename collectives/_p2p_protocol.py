@@ -55,7 +55,8 @@ _FIXED = 6  # magic, inline, dtype index, ndim, sequence, name length
 _NO_NAME = -1
 _ACCEPTED = b"\x00"
 _REFUSED = b"\x01"
-_SPINS_BEFORE_SLEEP = 64
+SPIN_SECONDS = 2e-3
+"""How long a wait polls without sleeping (a peer's answer usually comes within it)."""
 _LONGEST_SLEEP = 1e-3
 
 
@@ -398,27 +399,30 @@ class Engine:
     def wait(self, handles: Sequence[PeerHandle], timeout: float | None = None) -> None:
         """Advance until every one of ``handles`` is done (or ``timeout`` seconds passed)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        idle = 0
+        idle_since = None
         waiting = None
         try:
             while not all(Handle.done(handle) for handle in handles):
                 if deadline is not None and time.monotonic() >= deadline:
                     return
                 if self.advance_all():
-                    idle = 0
+                    idle_since = None
                     if waiting is not None:
                         waiting = ACTIVITY.point_to_point = None
                     continue
-                if waiting is None:
+                now = time.monotonic()
+                if idle_since is None:
+                    idle_since = now
+                elif waiting is None and now - idle_since > SPIN_SECONDS:
                     waiting = self._waiting_entry(handles)
                     ACTIVITY.point_to_point = waiting
-                idle += 1
-                # MPI progresses inside the calls; sleeping lets other threads (the
-                # collectives thread) take the GIL and the core while a peer is late.
-                if idle > _SPINS_BEFORE_SLEEP:
-                    time.sleep(min(_LONGEST_SLEEP, 1e-6 * (idle - _SPINS_BEFORE_SLEEP)))
-                else:
-                    time.sleep(0)
+                # MPI progresses inside the calls, which let other threads take the GIL.
+                # A loaded machine's scheduler turns even sleep(0) into a wait of a time
+                # slice, so the first milliseconds poll; then sleeping hands the core to
+                # others while a peer is late.
+                idle = now - idle_since
+                if idle >= SPIN_SECONDS:
+                    time.sleep(min(_LONGEST_SLEEP, idle / 100))
         finally:
             if waiting is not None:
                 ACTIVITY.point_to_point = None
