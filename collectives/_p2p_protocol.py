@@ -44,7 +44,7 @@ from ._executor import Handle
 from ._ops import COPY_DTYPES
 from ._p2p_channels import Channels
 from ._world import world
-from .errors import CommunicationError, MessageMismatchError
+from .errors import CommunicationError, MessageMismatchError, RingtrainError
 
 INLINE_MAX_BYTES = 64 * 1024
 """Largest data that travels in the header's message (the sender decides: the header
@@ -55,8 +55,11 @@ _FIXED = 6  # magic, inline, dtype index, ndim, sequence, name length
 _NO_NAME = -1
 _ACCEPTED = b"\x00"
 _REFUSED = b"\x01"
-SPIN_SECONDS = 2e-3
-"""How long a wait polls without sleeping (a peer's answer usually comes within it)."""
+SPIN_SECONDS = 50e-6
+"""How long a wait polls without giving up its core (a near peer answers within it)."""
+YIELD_SECONDS = 2e-3
+"""How long it then offers its core to other processes at each poll (``sleep(0)``)
+before sleeping between polls."""
 _LONGEST_SLEEP = 1e-3
 
 
@@ -413,16 +416,18 @@ class Engine:
                 now = time.monotonic()
                 if idle_since is None:
                     idle_since = now
-                elif waiting is None and now - idle_since > SPIN_SECONDS:
+                elif waiting is None and now - idle_since > YIELD_SECONDS:
                     waiting = self._waiting_entry(handles)
                     ACTIVITY.point_to_point = waiting
                 # MPI progresses inside the calls, which let other threads take the GIL.
-                # A loaded machine's scheduler turns even sleep(0) into a wait of a time
-                # slice, so the first milliseconds poll; then sleeping hands the core to
-                # others while a peer is late.
+                # Past a short spin, the core goes to whoever needs it (a machine with
+                # more ranks than cores: the stage this one waits for), then, while the
+                # peer is late, the waits grow.
                 idle = now - idle_since
-                if idle >= SPIN_SECONDS:
+                if idle >= YIELD_SECONDS:
                     time.sleep(min(_LONGEST_SLEEP, idle / 100))
+                elif idle >= SPIN_SECONDS:
+                    time.sleep(0)
         finally:
             if waiting is not None:
                 ACTIVITY.point_to_point = None
@@ -444,6 +449,12 @@ class Engine:
                 if key in probing:
                     continue
                 probing.add(key)
+            if operation.channels.messages == MPI.COMM_NULL:  # freed by shutdown()
+                operation.handle.set_exception(RingtrainError(
+                    f"{operation.kind} of tensor {operation.handle.name!r}: ringtrain was "
+                    f"shut down before it completed"))
+                moved = True
+                continue
             try:
                 moved |= operation.advance()
             except MPI.Exception as error:
