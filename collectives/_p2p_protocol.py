@@ -9,16 +9,17 @@ compares the header with what it expected (shape, dtype, name) and replies:
 
     small (data <= INLINE_MAX_BYTES)     large
     A --header+data--> B                 A --header--> B
-    A <----reply------ B                 A <---reply-- B   (B has posted the data's Irecv)
-                                         A ----data--> B
+    A <----reply------ B                 A ----data--> B   (tagged by sequence number)
+                                         A <---reply-- B
 
-So the check costs no extra message before the data of a small tensor: the reply
-travels back while the data is already there (in a ping-pong it rides just before
-the answer), and a large tensor's data goes straight from the sender's memory into the
-receiver's (one extra small round trip, as MPI's own rendezvous protocol makes). A
-reply that refuses the message carries the differences, and both ranks raise the same
-:class:`~ringtrain.errors.MessageMismatchError`; no data was written and nothing is
-left in flight, so the library stays usable.
+So the check costs no extra message before the data: the reply travels back while the
+data is already there (in a ping-pong it rides just before the answer). A large
+tensor's data is posted right behind its header, and the receiver, having read the
+header, posts its receive straight into the target (MPI's own rendezvous then moves it
+without a copy). A reply that refuses the message carries the differences, and both
+ranks raise the same :class:`~ringtrain.errors.MessageMismatchError`; the receiver
+drains a refused large message's data into a scratch buffer, so nothing is written
+and nothing is left in flight, and the library stays usable.
 
 A send completes when the receiver has accepted it (like ``MPI_Ssend``): ``send``
 returns then, and an ``isend``'s handle is done. Every operation is a small state
@@ -30,6 +31,7 @@ waiting thread. While it waits, the stall inspector knows what for (``ACTIVITY``
 
 from __future__ import annotations
 
+import math
 import pickle
 import threading
 import time
@@ -105,7 +107,7 @@ class Header:
     @property
     def nbytes(self) -> int:
         """Bytes of the data."""
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 class Expectation:
@@ -240,6 +242,9 @@ class SendOperation(Operation):
             message = np.concatenate([message, self._data])
         self._kept.append(message)
         self._requests.append(self.channels.messages.Isend(message, self.peer, self.tag))
+        if not self._inline:
+            self._requests.append(self.channels.transfers.Isend(
+                self._data, self.peer, self._data_tag(self._sequence)))
 
     def advance(self) -> bool:
         if self._state == "reply":
@@ -253,11 +258,7 @@ class SendOperation(Operation):
             if bytes(reply[:1]) == _REFUSED:
                 self._state = "refused"
                 self._refusal = pickle.loads(bytes(reply[1:]))
-            elif self._inline:
-                self._state = "sent"
             else:
-                self._requests.append(self.channels.transfers.Isend(
-                    self._data, self.peer, self._data_tag(self._sequence)))
                 self._state = "sent"
             self._finish_if_done()
             return True
@@ -314,6 +315,7 @@ class ReceiveOperation(Operation):
         differences = self._expectation.differences(header)
         reply_tag = self._reply_tag(header.sequence)
         if differences:
+            self._drain(header)
             self._reply(_REFUSED + pickle.dumps(differences), reply_tag)
             self._error = MessageMismatchError(self.peer_world, self.me_world, self.tag,
                                                header.name, differences)
@@ -322,6 +324,7 @@ class ReceiveOperation(Operation):
         try:
             array = self._target(header)
         except BaseException as error:  # refuse the message: the sender must not hang
+            self._drain(header)
             self._reply(_REFUSED + pickle.dumps({"data": {
                 "sent": f"of {header.nbytes} bytes",
                 "expected": f"none ({type(error).__name__}: {error})"}}), reply_tag)
@@ -331,12 +334,21 @@ class ReceiveOperation(Operation):
         if header.inline:
             if header.nbytes:
                 array.reshape(-1).view(np.uint8)[:] = buffer[header.length:]
-        elif header.nbytes:
-            # Posted before the reply: the data can land straight in the target.
-            self._requests.append(self.channels.transfers.Irecv(
-                array.reshape(-1).view(np.uint8), self.peer, self._data_tag(header.sequence)))
+        else:
+            self._receive_data(array.reshape(-1).view(np.uint8), header)
         self._reply(_ACCEPTED, reply_tag)
         self._state = "receiving"
+
+    def _receive_data(self, target: np.ndarray, header: Header) -> None:
+        self._requests.append(self.channels.transfers.Irecv(
+            target, self.peer, self._data_tag(header.sequence)))
+
+    def _drain(self, header: Header) -> None:
+        """Take a refused large message's data, which the sender posted behind its header."""
+        if not header.inline:
+            scratch = np.empty(header.nbytes, np.uint8)
+            self._kept.append(scratch)
+            self._receive_data(scratch, header)
 
     def _reply(self, reply: bytes, tag: int) -> None:
         message = np.frombuffer(reply, np.uint8)

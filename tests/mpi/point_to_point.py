@@ -190,14 +190,14 @@ class _Records(logging.Handler):
 
 @check(min_size=2)
 def a_late_sender_is_reported_by_the_stall_inspector():
-    """RINGTRAIN_STALL_CHECK_SECONDS=1: rank 0 waits 1.6 s for rank 1's message."""
+    """RINGTRAIN_STALL_CHECK_SECONDS=1: rank 0 waits 2.5 s for rank 1's message."""
     me = rt.rank()
     records = _Records()
     logger = logging.getLogger("ringtrain")
     logger.addHandler(records)
     try:
         if me == 1:
-            time.sleep(1.6)
+            time.sleep(2.5)
             rt.send(np.ones(3), 0, tag=6, name="late")
         elif me == 0:
             rt.recv(None, 1, tag=6, name="late")
