@@ -79,8 +79,16 @@ class PipelineLayout:
         return self.stage == self.stages - 1
 
 
+_PROCESS_SETS: dict[tuple[int, ...], ProcessSet] = {}
+"""The process sets of the layouts made so far, by ranks: trainers built one after the
+other reuse them instead of building new communicators each time."""
+
+
 def _process_set(ranks: list[int]) -> ProcessSet:
-    return global_process_set if len(ranks) == size() else add_process_set(ranks)
+    if len(ranks) == size():
+        return global_process_set
+    known = _PROCESS_SETS.setdefault(tuple(ranks), ProcessSet(ranks))
+    return add_process_set(known)  # builds its communicator again after a new init
 
 
 class PipelineTrainer:
