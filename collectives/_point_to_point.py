@@ -23,8 +23,9 @@ from ._executor import Handle
 from ._group import Group
 from ._ops import COPY_DTYPES, check_dtype
 from ._p2p_channels import channels_of
-from ._p2p_protocol import (ENGINE, Expectation, Header, Operation, PeerHandle,
-                            ReceiveOperation, SendOperation)
+from ._p2p_engine import ENGINE, PeerHandle
+from ._p2p_header import Expectation, Header
+from ._p2p_protocol import Operation, ReceiveOperation, SendOperation
 from ._process_sets import ProcessSet, resolve_group
 from .errors import InvalidArgumentError, subject
 
