@@ -20,7 +20,7 @@ from ._executor import Handle
 from ._world import world
 from .errors import CommunicationError, RingtrainError
 
-SPIN_SECONDS = 50e-6
+SPIN_SECONDS = 200e-6
 """How long a wait polls without giving up its core (a near peer answers within it)."""
 YIELD_SECONDS = 2e-3
 """How long it then offers its core to other processes at each poll (``sleep(0)``)
