@@ -1,5 +1,6 @@
 """Collectives over MPI for host arrays and device tensors (torch, CuPy, numba):
-ringtrain's own algorithms, Horovod's names."""
+ringtrain's own algorithms, Horovod's names; and point-to-point tensors checked by the
+pair."""
 
 from ..kernels.compression import (BF16Compressor, Compression, Compressor, FP16Compressor,
                                    NoneCompressor)
@@ -14,6 +15,8 @@ from ._executor import Handle
 from ._join import join
 from ._objects import allgather_object, barrier, broadcast_object
 from ._ops import Average, Max, Min, Product, ReduceOp, Sum
+from ._point_to_point import (RecvOp, SendOp, batch_isend_irecv, irecv, isend, recv, send,
+                              sendrecv)
 from ._process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from ._reducescatter import reducescatter, reducescatter_async
 from ._world import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
@@ -21,8 +24,8 @@ from ._world import (cross_rank, cross_size, init, is_initialized, local_rank, l
 from .config import ALGORITHMS, Settings, configure, current_settings
 from .logs import set_log_level
 from .timeline import start_timeline, stop_timeline
-from .errors import (CommunicationError, InvalidArgumentError, MismatchError,
-                     NonFiniteWarning, NotInitializedError, RingtrainError,
+from .errors import (CommunicationError, InvalidArgumentError, MessageMismatchError,
+                     MismatchError, NonFiniteWarning, NotInitializedError, RingtrainError,
                      UnsupportedDtypeError, UsageError)
 
 __all__ = [
@@ -36,10 +39,12 @@ __all__ = [
     "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async",
     "broadcast_async_", "reducescatter", "reducescatter_async", "alltoall", "alltoall_async",
     "barrier", "broadcast_object", "allgather_object", "join",
+    "send", "isend", "recv", "irecv", "sendrecv", "batch_isend_irecv", "SendOp", "RecvOp",
     "Handle", "poll", "synchronize",
     "Compression", "Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor",
     "Settings", "ALGORITHMS", "configure", "current_settings",
     "start_timeline", "stop_timeline", "set_log_level",
     "RingtrainError", "MismatchError", "InvalidArgumentError", "UnsupportedDtypeError",
     "CommunicationError", "NotInitializedError", "NonFiniteWarning", "UsageError",
+    "MessageMismatchError",
 ]

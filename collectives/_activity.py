@@ -1,7 +1,8 @@
 """What this rank's collectives are doing, for the stall inspector and the debug log.
 
 The collectives thread writes it (:func:`entered` as a collective's agreement starts,
-:func:`agreed` when every rank has joined it); the stall inspector's thread only reads
+:func:`agreed` when every rank has joined it); a point-to-point wait sets
+``point_to_point`` while it waits for its peer; the stall inspector's thread only reads
 it. Writing costs a few attribute stores per collective.
 """
 
@@ -56,6 +57,19 @@ class Entry:
                    for shape, dtype in zip(shapes, dtypes))
 
 
+class PeerWait(Entry):
+    """A point-to-point call this rank waits in: ``world_ranks`` are this rank and the
+    peer it waits for."""
+
+    __slots__ = ()
+
+    def describe(self) -> str:
+        """``"recv of tensor 'x' from rank 1 (tag 0)"``."""
+        label = "(unnamed)" if self.name is None else repr(self.name)
+        return (f"{self.collective} of tensor {label} {self.fields['direction']} rank "
+                f"{self.fields['peer']} (tag {self.fields['tag']})")
+
+
 class Activity:
     """The collective in progress (``current``), the last one agreed (``last``), and how
     many were entered on each set of ranks."""
@@ -66,6 +80,7 @@ class Activity:
     def reset(self) -> None:
         """Forget everything (a new ``init``: every rank starts counting again)."""
         self.current: Entry | None = None
+        self.point_to_point: PeerWait | None = None
         self.last: Entry | None = None
         self.entered_on: dict[tuple[int, ...], int] = {}
 
@@ -87,9 +102,11 @@ class Activity:
     def status(self, world_ranks: tuple[int, ...]) -> dict[str, Any]:
         """What this rank tells a stalled rank: its collective in progress, if any, and
         how many it has entered on ``world_ranks``."""
-        current, last = self.current, self.last
+        current, last, peer = self.current, self.last, self.point_to_point
         now = time.monotonic()
         return {
+            "point_to_point": None if peer is None else
+            (peer.describe(), now - peer.started),
             "current": None if current is None else
             (current.describe(), current.world_ranks, current.number, now - current.started),
             "entered": self.entered_on.get(world_ranks, 0),

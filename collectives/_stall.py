@@ -1,8 +1,9 @@
 """The stall inspector: says which ranks a waiting collective is waiting for.
 
 A collective starts with the agreement, where every rank waits until all ranks of the
-set have entered the same call. When one rank never comes (it is computing, stuck,
-calling something else, or dead), the others would wait in silence. The inspector is a
+set have entered the same call; a point-to-point call waits for its peer's matching
+one. When one rank never comes (it is computing, stuck, calling something else, or
+dead), the others would wait in silence. The inspector is a
 daemon thread on every rank, on a communicator of its own. Every
 ``stall_check_seconds`` (:func:`ringtrain.configure`, or
 ``RINGTRAIN_STALL_CHECK_SECONDS``; default 60; 0 turns it off) that this rank has waited
@@ -35,7 +36,7 @@ from typing import Any
 from mpi4py import MPI
 
 from ..variables import STALL_SHUTDOWN_SECONDS
-from ._activity import Activity, _ranks
+from ._activity import Activity, PeerWait, _ranks
 from .logs import LOGGER
 
 ANSWER_SECONDS = 3.0
@@ -78,7 +79,7 @@ class StallInspector:
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
             self._answer_queries()
-            entry = self._activity.current
+            entry = self._activity.current or self._activity.point_to_point
             if entry is None:
                 continue
             waited = time.monotonic() - entry.started
@@ -137,9 +138,14 @@ def _whereabouts(answer: dict[str, Any] | None, entry: Any) -> str:
     """What a missing rank said it is doing."""
     if answer is None:
         return f"did not answer within {ANSWER_SECONDS:g} s (dead, or not running Python)"
-    current = answer["current"]
+    current, peer = answer["current"], answer["point_to_point"]
     if current is not None:
         return f"is waiting in {current[0]} for {current[3]:.0f} s"
+    if peer is not None:
+        return f"is waiting in {peer[0]} for {peer[1]:.0f} s"
+    if isinstance(entry, PeerWait):
+        return "has not posted the matching call (it is in no collective or " \
+               "point-to-point wait)"
     count = answer["entered"]
     text = f"has not called it (it is in no collective; {count} earlier " \
            f"call{'' if count == 1 else 's'} on these ranks"

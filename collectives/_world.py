@@ -13,6 +13,7 @@ from . import timeline
 from ._activity import ACTIVITY
 from ._executor import Executor
 from ._group import Group
+from ._p2p_channels import open_channels
 from ._stall import StallInspector
 from ._timeline_job import finish as finish_timeline
 from ._timeline_job import merge_at_exit
@@ -83,7 +84,9 @@ def init(comm: MPI.Comm | None = None) -> None:
     cross_comm = own.Split(color=local_comm.Get_rank(), key=own.Get_rank())
     node_keys = tuple(own.allgather(local_comm.allreduce(own.Get_rank(), MPI.MIN)))
     _generation += 1
-    _world = World(Group(own, world_ranks), local_comm, cross_comm, Executor(), _generation,
+    group = Group(own, world_ranks)
+    open_channels(group)
+    _world = World(group, local_comm, cross_comm, Executor(), _generation,
                    node_keys=node_keys)
     set_rank(own.Get_rank())
     timeline.set_world((own.Get_rank(), own.Get_size()))

@@ -61,6 +61,32 @@ class MismatchError(RingtrainError, RuntimeError):
         super().__init__(message if hint is None else f"{message}. {hint}")
 
 
+class MessageMismatchError(MismatchError):
+    """A point-to-point message did not match the receive posted for it (shape, dtype or
+    name); raised on both ranks with the same message, and nothing was written.
+
+    Attributes:
+        sender, receiver: world ranks of the pair.
+        tag: the message's tag.
+        differences: ``{field: {"sent": value, "expected": value}}`` for each field that
+            differs.
+    """
+
+    def __init__(self, sender: int, receiver: int, tag: int, tensor_name: str | None,
+                 differences: Mapping[str, Mapping[str, Any]]):
+        self.sender, self.receiver, self.tag = sender, receiver, tag
+        self.collective = "send"
+        self.tensor_name = tensor_name
+        self.differences = {field: dict(values) for field, values in differences.items()}
+        self.hint = None
+        parts = "; ".join(
+            f"rank {sender} sent {field} {values['sent']}, rank {receiver} expected "
+            f"{field} {values['expected']}" for field, values in self.differences.items())
+        RingtrainError.__init__(
+            self, f"send of tensor {tensor_label(tensor_name)} from rank {sender} to rank "
+                  f"{receiver} (tag {tag}) does not match the receive posted for it: {parts}")
+
+
 _rank: int | None = None
 
 

@@ -36,6 +36,11 @@ REQUIRES["horovod_style"] = "torch"
 # Parameter servers: 1 worker + 1 server at np=2, 2 workers + 1 server at np=3.
 ARGUMENTS["kvstore_async"] = ["--steps", "40", "--slow-sleep", "0.005"]
 
+# Stages and replicas: 1 × 1, 2 × 1 and 3 × 1 by default, 2 × 2 below (reaches about 0.7).
+ARGUMENTS["pipeline_parallel"] = ["--epochs", "2", "--samples", "1024", "--batch-size", "32"]
+MIN_ACCURACY["pipeline_parallel"] = 0.5
+REQUIRES["pipeline_parallel"] = "torch"
+
 
 def run_example(example: str, nprocs: int, *extra: str) -> str:
     module = REQUIRES.get(example)
@@ -64,6 +69,7 @@ def test_example_runs(example, nprocs):
     ("numpy_mlp", 3, ["--compression", "fp16", "--fusion-threshold", "0"]),
     ("pytorch_mlp", 2, ["--compression", "bf16", "--fusion-threshold", "4096"]),
     ("numpy_mlp", 2, ["--progress", "always"]),
+    ("pipeline_parallel", 4, ["--stages", "2", "--schedule", "gpipe"]),
 ])
 def test_training_example_options(example, nprocs, options):
     output = run_example(example, nprocs, *options)

@@ -1,5 +1,5 @@
 """Training-loop integration: DistributedOptimizer, gradient buckets, state broadcast,
-data sharding, uneven inputs, loss scaling and elastic restarts.
+data sharding, uneven inputs, loss scaling, elastic restarts and pipeline parallelism.
 
 Names are imported on first use, so ``import ringtrain.trainer`` neither imports
 mpi4py nor torch; the PyTorch parts import torch only when given a torch optimizer.
@@ -19,6 +19,7 @@ _EXPORTS = {
     "JoinResult": "uneven",
     "DynamicLossScaler": "loss_scaling",
     "ShardedOptimizer": "sharded",
+    "PipelineTrainer": "pipeline",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,197 @@
+"""The engine that moves every point-to-point operation of this process in flight.
+
+Whatever waits (a blocking call, ``synchronize``, ``poll``) advances all of them, so
+sends and receives posted together complete in any order the peers post theirs, and
+MPI's progress is driven by the waiting thread. While it waits, the stall inspector
+knows what for (``ACTIVITY.point_to_point``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from mpi4py import MPI
+
+from ._activity import ACTIVITY, PeerWait
+from ._executor import Handle
+from ._world import world
+from .errors import CommunicationError, RingtrainError
+
+SPIN_SECONDS = 200e-6
+"""How long a wait polls without giving up its core (a near peer answers within it)."""
+YIELD_SECONDS = 2e-3
+"""How long it then offers its core to other processes at each poll (``sleep(0)``)
+before sleeping between polls."""
+_LONGEST_SLEEP = 1e-3
+
+
+class PeerHandle(Handle):
+    """The handle of a point-to-point call in flight: a :class:`concurrent.futures.Future`
+    completed by :func:`ringtrain.synchronize` (or ``wait``/``result``), which move every
+    message this process has in flight until this one is done; :func:`ringtrain.poll`
+    moves them once and says whether it is."""
+
+    def __init__(self, operation: str, name: str | None):
+        super().__init__(None, (), operation, name)
+        self.engine: Engine | None = None
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait (moving the messages in flight) and return the result or raise its error."""
+        if not super().done():
+            ENGINE.wait([self], timeout)
+        return super().result(0)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Wait (moving the messages in flight) and return the error, if any."""
+        if not super().done():
+            ENGINE.wait([self], timeout)
+        return super().exception(0)
+
+    def done(self) -> bool:
+        """Move the messages in flight once; whether this call has completed."""
+        if not super().done():
+            ENGINE.advance_all()
+        return super().done()
+
+
+class InFlight(Protocol):
+    """What the engine needs of a send or receive in flight (see :mod:`._p2p_protocol`;
+    the methods here are the defaults of its operations)."""
+
+    handle: PeerHandle
+    channels: Any
+    kind: str
+    direction: str
+    peer_world: int
+    tag: int
+
+    def start(self) -> None:
+        """Post the first message(s)."""
+
+    def advance(self) -> bool:
+        """Take every step that needs no waiting; whether anything moved."""
+        raise NotImplementedError
+
+    def probe_key(self) -> tuple[Any, int, int] | None:
+        """For a receive still looking for its header: what MPI matches it by."""
+        return None
+
+    def wait_entry(self) -> PeerWait:
+        """What the operation waits for, for the stall inspector."""
+        raise NotImplementedError
+
+
+class Engine:
+    """Every point-to-point operation of this process in flight, advanced together.
+
+    One thread advances them at a time (a lock); any thread may wait.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[InFlight] = []
+        self._lock = threading.Lock()
+
+    def post(self, operations: Sequence[InFlight]) -> None:
+        """Start ``operations`` (their first messages leave now) and keep them in flight."""
+        self._in_turn(self._post, operations)
+
+    def _post(self, operations: Sequence[InFlight]) -> bool:
+        with self._lock:
+            for operation in operations:
+                operation.handle.set_running_or_notify_cancel()
+                operation.start()
+                self._pending.append(operation)
+            return self._advance()
+
+    def advance_all(self) -> bool:
+        """Advance every operation once (no waiting); whether anything moved.
+
+        Under an MPI without ``MPI_THREAD_MULTIPLE``, in turn with the collectives (one
+        thread in MPI at a time); otherwise alongside them, so that a collective running
+        on the collectives thread never holds up a message.
+        """
+        return self._in_turn(self._advance_locked)
+
+    @staticmethod
+    def _in_turn(step: Callable[..., bool], *args: Any) -> bool:
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            return world().executor.run(step, args, "point-to-point", None)
+        return step(*args)
+
+    def _advance_locked(self) -> bool:
+        with self._lock:
+            return self._advance()
+
+    def wait(self, handles: Sequence[PeerHandle], timeout: float | None = None) -> None:
+        """Advance until every one of ``handles`` is done (or ``timeout`` seconds passed)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        idle_since = None
+        waiting = None
+        try:
+            while not all(Handle.done(handle) for handle in handles):
+                if deadline is not None and time.monotonic() >= deadline:
+                    return
+                if self.advance_all():
+                    idle_since = None
+                    if waiting is not None:
+                        waiting = ACTIVITY.point_to_point = None
+                    continue
+                now = time.monotonic()
+                if idle_since is None:
+                    idle_since = now
+                elif waiting is None and now - idle_since > YIELD_SECONDS:
+                    waiting = self._waiting_entry(handles)
+                    ACTIVITY.point_to_point = waiting
+                # MPI progresses inside the calls, which let other threads take the GIL.
+                # Past a short spin, the core goes to whoever needs it (a machine with
+                # more ranks than cores: the stage this one waits for), then, while the
+                # peer is late, the waits grow.
+                idle = now - idle_since
+                if idle >= YIELD_SECONDS:
+                    time.sleep(min(_LONGEST_SLEEP, idle / 100))
+                elif idle >= SPIN_SECONDS:
+                    time.sleep(0)
+        finally:
+            if waiting is not None:
+                ACTIVITY.point_to_point = None
+
+    def _waiting_entry(self, handles: Sequence[PeerHandle]) -> PeerWait | None:
+        with self._lock:
+            for operation in self._pending:
+                if operation.handle in handles:
+                    return operation.wait_entry()
+        return None
+
+    def _advance(self) -> bool:
+        moved = False
+        probing: set[tuple[Any, int, int]] = set()
+        for operation in self._pending:
+            key = operation.probe_key()
+            if key is not None:
+                # Receives matching the same messages take them in the order they were posted.
+                if key in probing:
+                    continue
+                probing.add(key)
+            if operation.channels.messages == MPI.COMM_NULL:  # freed by shutdown()
+                operation.handle.set_exception(RingtrainError(
+                    f"{operation.kind} of tensor {operation.handle.name!r}: ringtrain was "
+                    f"shut down before it completed"))
+                moved = True
+                continue
+            try:
+                moved |= operation.advance()
+            except MPI.Exception as error:
+                operation.handle.set_exception(CommunicationError(
+                    f"{operation.kind} of tensor {operation.handle.name!r} "
+                    f"{operation.direction} rank {operation.peer_world} (tag "
+                    f"{operation.tag}): MPI failed: {error}"))
+                moved = True
+        if moved:
+            self._pending = [op for op in self._pending if not Handle.done(op.handle)]
+        return moved
+
+
+ENGINE = Engine()

@@ -1,0 +1,89 @@
+"""The header every point-to-point message starts with, and what a receive accepts.
+
+A header is int64 fields (magic, whether the data follows in the same message, the
+dtype's index in :data:`COPY_DTYPES`, the number of dimensions, the sender's sequence
+number, the name's length or -1 for no name), the shape, then the name in UTF-8 padded
+to 8 bytes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._ops import COPY_DTYPES
+from .errors import CommunicationError
+
+_MAGIC = 0x52545032  # "RTP2"
+_FIXED = 6  # magic, inline, dtype index, ndim, sequence, name length
+_NO_NAME = -1
+
+
+def dtype_index(dtype: np.dtype) -> int:
+    """The header's code of ``dtype`` (one of :data:`COPY_DTYPES`)."""
+    return COPY_DTYPES.index(dtype)
+
+
+def encode_header(inline: bool, dtype: np.dtype, shape: tuple[int, ...], sequence: int,
+                  name: str | None) -> bytes:
+    """The header of a message: int64 fields, then the name in UTF-8 padded to 8 bytes."""
+    encoded = b"" if name is None else name.encode()
+    fields = [_MAGIC, int(inline), dtype_index(dtype), len(shape), sequence,
+              _NO_NAME if name is None else len(encoded), *shape]
+    padding = -len(encoded) % 8
+    return np.array(fields, np.int64).tobytes() + encoded + b"\x00" * padding
+
+
+class Header:
+    """A received header.
+
+    Attributes:
+        inline: whether the data followed in the same message.
+        dtype, shape, sequence, name: what the sender sent.
+        length: the header's bytes (the data starts there in an inline message).
+    """
+
+    def __init__(self, message: np.ndarray):
+        fixed = message[:_FIXED * 8].view(np.int64)
+        if fixed[0] != _MAGIC:
+            raise CommunicationError("a point-to-point message without ringtrain's header "
+                                     "arrived on ringtrain's point-to-point communicator")
+        self.inline = bool(fixed[1])
+        self.dtype = COPY_DTYPES[int(fixed[2])]
+        ndim, self.sequence, name_length = int(fixed[3]), int(fixed[4]), int(fixed[5])
+        end = (_FIXED + ndim) * 8
+        self.shape = tuple(int(n) for n in message[_FIXED * 8:end].view(np.int64))
+        self.name = None if name_length == _NO_NAME else \
+            bytes(message[end:end + name_length]).decode()
+        self.length = end + (0 if name_length == _NO_NAME else
+                             name_length + (-name_length % 8))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the data."""
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+class Expectation:
+    """What a receive accepts: a shape and dtype (None: any) and a name (None: any).
+
+    Attributes:
+        shape, dtype, name: as given.
+    """
+
+    def __init__(self, shape: tuple[int, ...] | None, dtype: np.dtype | None,
+                 name: str | None):
+        self.shape, self.dtype, self.name = shape, dtype, name
+
+    def differences(self, header: Header) -> dict[str, dict[str, str]]:
+        """``{field: {"sent": value, "expected": value}}`` for each field that differs,
+        as the error message shows them."""
+        found = {}
+        for field, expected, sent in (("shape", self.shape, header.shape),
+                                      ("dtype", self.dtype, header.dtype),
+                                      ("name", self.name, header.name)):
+            if expected is not None and expected != sent:
+                show = str if field == "dtype" else repr
+                found[field] = {"sent": show(sent), "expected": show(expected)}
+        return found

@@ -1,0 +1,249 @@
+"""How one point-to-point message travels, checked by the pair: a send and a receive
+as state machines.
+
+A send starts with a header: magic, whether the data follows in the same message,
+the dtype, the shape, the sender's sequence number and the tensor's name. The receiver
+takes it with a matched probe (``Improbe`` then ``Mrecv``), so it learns the message's
+size before receiving it and a message larger than expected is never truncated. It
+compares the header with what it expected (shape, dtype, name) and replies:
+
+    small (data <= INLINE_MAX_BYTES)     large
+    A --header+data--> B                 A --header--> B
+    A <----reply------ B                 A ----data--> B   (tagged by sequence number)
+                                         A <---reply-- B
+
+So the check costs no extra message before the data: the reply travels back while the
+data is already there (in a ping-pong it rides just before the answer). A large
+tensor's data is posted right behind its header, and the receiver, having read the
+header, posts its receive straight into the target (MPI's own rendezvous then moves it
+without a copy). A reply that refuses the message carries the differences, and both
+ranks raise the same :class:`~ringtrain.errors.MessageMismatchError`; the receiver
+drains a refused large message's data into a scratch buffer, so nothing is written
+and nothing is left in flight, and the library stays usable.
+
+A send completes when the receiver has accepted it (like ``MPI_Ssend``): ``send``
+returns then, and an ``isend``'s handle is done. Every operation is a small state
+machine: :class:`._p2p_engine.Engine` advances all of this process's operations in flight whenever
+any of them is waited for, so sends and receives posted together complete in any order
+(no deadlock whatever the order of a batch), and MPI's progress is driven by the
+waiting thread (:mod:`._p2p_engine`); the header is :mod:`._p2p_header`'s.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ._activity import PeerWait
+from ._p2p_channels import Channels
+from ._p2p_engine import InFlight, PeerHandle
+from ._p2p_header import Expectation, Header, encode_header
+from .errors import MessageMismatchError
+
+INLINE_MAX_BYTES = 64 * 1024
+"""Largest data that travels in the header's message (the sender decides: the header
+says which way the data comes)."""
+
+_ACCEPTED = b"\x00"
+_REFUSED = b"\x01"
+
+
+class Operation(InFlight):
+    """One send or receive in flight.
+
+    Attributes:
+        handle: completed when the operation is.
+        channels: the group's point-to-point communicators.
+        peer: the other rank, in the group.
+        peer_world: the other rank, in ringtrain's world (for messages).
+        me_world: this rank, in ringtrain's world.
+        tag: the user's tag.
+    """
+
+    kind = "?"
+    direction = "?"
+
+    def __init__(self, handle: PeerHandle, channels: Channels, peer: int, peer_world: int,
+                 me_world: int, tag: int):
+        self.handle = handle
+        self.channels, self.peer, self.tag = channels, peer, tag
+        self.peer_world, self.me_world = peer_world, me_world
+        self._requests: list[MPI.Request] = []
+        self._kept: list[Any] = []  # buffers MPI still reads or writes
+
+    def wait_entry(self) -> PeerWait:
+        """What this operation waits for, for the stall inspector."""
+        return PeerWait(0, self.kind, self.handle.name, (self.me_world, self.peer_world),
+                        {"tag": self.tag, "peer": self.peer_world,
+                         "direction": self.direction}, time.monotonic())
+
+    def _requests_done(self) -> bool:
+        if self._requests and not MPI.Request.Testall(self._requests):
+            return False
+        self._requests.clear()
+        self._kept.clear()
+        return True
+
+    def _reply_tag(self, sequence: int) -> int:
+        return 2 * sequence
+
+    def _data_tag(self, sequence: int) -> int:
+        return 2 * sequence + 1
+
+
+class SendOperation(Operation):
+    """A send: header (with the data when small), the receiver's reply, then the data
+    (when large)."""
+
+    kind, direction = "send", "to"
+
+    def __init__(self, handle: PeerHandle, channels: Channels, peer: int, peer_world: int,
+                 me_world: int, tag: int, data: np.ndarray):
+        super().__init__(handle, channels, peer, peer_world, me_world, tag)
+        self._data = data.reshape(-1).view(np.uint8) if data.size else \
+            np.empty(0, np.uint8)
+        self._dtype, self._shape = data.dtype, tuple(data.shape)
+        self._inline = self._data.nbytes <= INLINE_MAX_BYTES
+        self._sequence = -1
+        self._state = "reply"
+
+    def start(self) -> None:
+        self._sequence = self.channels.next_sequence(self.peer)
+        header = encode_header(self._inline, self._dtype, self._shape, self._sequence,
+                               self.handle.name)
+        message = np.frombuffer(header, np.uint8)
+        if self._inline and self._data.nbytes:
+            message = np.concatenate([message, self._data])
+        self._kept.append(message)
+        self._requests.append(self.channels.messages.Isend(message, self.peer, self.tag))
+        if not self._inline:
+            self._requests.append(self.channels.transfers.Isend(
+                self._data, self.peer, self._data_tag(self._sequence)))
+
+    def advance(self) -> bool:
+        if self._state == "reply":
+            status = MPI.Status()
+            message = self.channels.transfers.Improbe(
+                self.peer, self._reply_tag(self._sequence), status)
+            if message is None:
+                return False
+            reply = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+            message.Recv(reply)
+            if bytes(reply[:1]) == _REFUSED:
+                self._state = "refused"
+                self._refusal = pickle.loads(bytes(reply[1:]))
+            else:
+                self._state = "sent"
+            self._finish_if_done()
+            return True
+        return self._finish_if_done()
+
+    def _finish_if_done(self) -> bool:
+        if not self._requests_done():
+            return False
+        if self._state == "refused":
+            self.handle.set_exception(MessageMismatchError(
+                self.me_world, self.peer_world, self.tag, self.handle.name, self._refusal))
+        else:
+            self.handle.set_result(None)
+        return True
+
+
+class ReceiveOperation(Operation):
+    """A receive: probe for the header, check it, reply, then take the data.
+
+    ``target(header)`` gives the host array the data goes into (shape and dtype of the
+    header); ``finish(array)`` turns it into the caller's result.
+    """
+
+    kind, direction = "recv", "from"
+
+    def __init__(self, handle: PeerHandle, channels: Channels, peer: int, peer_world: int,
+                 me_world: int, tag: int, expectation: Expectation,
+                 target: Callable[[Header], np.ndarray], finish: Callable[[np.ndarray], Any]):
+        super().__init__(handle, channels, peer, peer_world, me_world, tag)
+        self._expectation = expectation
+        self._target, self._finish = target, finish
+        self._state = "probe"
+        self._array: np.ndarray | None = None
+        self._error: BaseException | None = None
+
+    def probe_key(self) -> tuple[Any, int, int] | None:
+        return (id(self.channels), self.peer, self.tag) if self._state == "probe" \
+            else None
+
+    def advance(self) -> bool:
+        if self._state == "probe":
+            status = MPI.Status()
+            message = self.channels.messages.Improbe(self.peer, self.tag, status)
+            if message is None:
+                return False
+            buffer = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+            message.Recv(buffer)
+            self._take(Header(buffer), buffer)
+            self._complete_if_done()
+            return True
+        return self._complete_if_done()
+
+    def _take(self, header: Header, buffer: np.ndarray) -> None:
+        differences = self._expectation.differences(header)
+        reply_tag = self._reply_tag(header.sequence)
+        if differences:
+            self._drain(header)
+            self._reply(_REFUSED + pickle.dumps(differences), reply_tag)
+            self._error = MessageMismatchError(self.peer_world, self.me_world, self.tag,
+                                               header.name, differences)
+            self._state = "refused"
+            return
+        try:
+            array = self._target(header)
+        except BaseException as error:  # refuse the message: the sender must not hang
+            self._drain(header)
+            self._reply(_REFUSED + pickle.dumps({"data": {
+                "sent": f"of {header.nbytes} bytes",
+                "expected": f"none ({type(error).__name__}: {error})"}}), reply_tag)
+            self._error, self._state = error, "refused"
+            return
+        self._array = array
+        if header.inline:
+            if header.nbytes:
+                array.reshape(-1).view(np.uint8)[:] = buffer[header.length:]
+        else:
+            self._receive_data(array.reshape(-1).view(np.uint8), header)
+        self._reply(_ACCEPTED, reply_tag)
+        self._state = "receiving"
+
+    def _receive_data(self, target: np.ndarray, header: Header) -> None:
+        self._requests.append(self.channels.transfers.Irecv(
+            target, self.peer, self._data_tag(header.sequence)))
+
+    def _drain(self, header: Header) -> None:
+        """Take a refused large message's data, which the sender posted behind its header."""
+        if not header.inline:
+            scratch = np.empty(header.nbytes, np.uint8)
+            self._kept.append(scratch)
+            self._receive_data(scratch, header)
+
+    def _reply(self, reply: bytes, tag: int) -> None:
+        message = np.frombuffer(reply, np.uint8)
+        self._kept.append(message)
+        self._requests.append(self.channels.transfers.Isend(message, self.peer, tag))
+
+    def _complete_if_done(self) -> bool:
+        if not self._requests_done():
+            return False
+        if self._error is not None:
+            self.handle.set_exception(self._error)
+            return True
+        try:
+            result = self._finish(self._array)
+        except BaseException as error:  # handed to the caller's handle
+            self.handle.set_exception(error)
+        else:
+            self.handle.set_result(result)
+        return True

@@ -1,0 +1,214 @@
+"""Point-to-point tensors: send/recv, isend/irecv, sendrecv and batches, against the data
+each rank can compute for every other rank; mismatches on both ranks; process sets.
+
+Run: RINGTRAIN_STALL_CHECK_SECONDS=1 mpiexec -n K python tests/mpi/point_to_point.py
+(with one rank, messages go from the rank to itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+
+import ringtrain as rt
+from ringtrain.kernels import BFLOAT16
+from _harness import (COPY_DTYPES, WORLD, assert_equal_arrays, check, expect_raises, main,
+                      make_input)
+
+DTYPES = COPY_DTYPES + [np.dtype(BFLOAT16)]
+# Below, at and above the size whose data travels with the header (64 KiB).
+SHAPES = [(), (0,), (7,), (3, 5), (0, 4), (16384,), (16385,), (3, 40001)]
+
+
+def data(sender: int, shape, dtype, *key) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    if dtype == BFLOAT16:
+        return make_input(sender, shape, np.float32, None, *key).astype(BFLOAT16)
+    return make_input(sender, shape, dtype, None, *key)
+
+
+def neighbours() -> tuple[int, int, int]:
+    me, k = rt.rank(), rt.size()
+    return me, (me + 1) % k, (me - 1) % k
+
+
+@check
+def every_dtype_and_shape_around_the_ring():
+    me, right, left = neighbours()
+    for dtype in DTYPES:
+        for shape in SHAPES:
+            if dtype.itemsize > 2 and np.prod(shape) > 20000 and dtype.kind != "f":
+                continue  # the large sizes once per itemsize class are enough
+            mine = data(me, shape, dtype, "ring")
+            got = rt.sendrecv(mine, right, left, name="ring")
+            assert_equal_arrays(got, data(left, shape, dtype, "ring"), f"{dtype} {shape}")
+            into = np.empty(shape, dtype)
+            assert rt.sendrecv(mine, right, left, recv_tensor=into, tag=3) is into
+            assert_equal_arrays(into, data(left, shape, dtype, "ring"), f"into {dtype} {shape}")
+
+
+@check
+def batched_ring_both_ways():
+    me, right, left = neighbours()
+    for shape in [(5,), (33000,)]:
+        to_right, to_left = data(me, shape, np.float32, "r"), data(me, shape, np.float32, "l")
+        from_left, from_right = np.empty(shape, np.float32), np.empty(shape, np.float32)
+        # Receives first on even ranks, sends first on odd ones: no order deadlocks.
+        operations = [rt.RecvOp(from_left, left, tag=1), rt.RecvOp(from_right, right, tag=2),
+                      rt.SendOp(to_right, right, tag=1), rt.SendOp(to_left, left, tag=2)]
+        if me % 2:
+            operations.reverse()
+        handles = rt.batch_isend_irecv(operations)
+        for handle in reversed(handles):
+            rt.synchronize(handle)
+        assert_equal_arrays(from_left, data(left, shape, np.float32, "r"), "from the left")
+        assert_equal_arrays(from_right, data(right, shape, np.float32, "l"), "from the right")
+
+
+@check
+def order_of_messages_and_tags():
+    me, right, left = neighbours()
+    sends = [rt.isend(np.full(4, 10 * me + i, np.int64), right, tag=7, name=f"m{i}")
+             for i in range(5)]
+    sends += [rt.isend(np.full(70000, me, np.int8), right, tag=9)]
+    sends += [rt.isend(np.full(2, 100 + i, np.int32), right, tag=20 + i) for i in range(3)]
+    # Other tags first, in reverse order of sending, then tag 7 in order.
+    for i in reversed(range(3)):
+        assert_equal_arrays(rt.synchronize(rt.irecv(None, left, tag=20 + i)),
+                            np.full(2, 100 + i, np.int32), f"tag {20 + i}")
+    assert_equal_arrays(rt.synchronize(rt.irecv(None, left, tag=9)),
+                        np.full(70000, left, np.int8), "tag 9")
+    handles = [rt.irecv(None, left, tag=7, name=f"m{i}") for i in range(5)]
+    for i, handle in enumerate(handles):
+        assert_equal_arrays(rt.synchronize(handle), np.full(4, 10 * left + i, np.int64),
+                            f"message {i} of tag 7")
+    for handle in sends:
+        assert rt.synchronize(handle) is None and rt.poll(handle)
+
+
+@check(min_size=2)
+def blocking_send_and_recv():
+    me, k = rt.rank(), rt.size()
+    if me == 0:
+        for peer in range(1, k):
+            rt.send(data(0, (6, peer), np.float64, "b"), peer, name="b")
+            got = rt.recv(np.empty((peer,), np.int16), peer, tag=4)
+            assert_equal_arrays(got, data(peer, (peer,), np.int16, "back"), "answer")
+    else:
+        got = rt.recv(None, 0, name="b")
+        assert_equal_arrays(got, data(0, (6, me), np.float64, "b"), "from rank 0")
+        rt.send(data(me, (me,), np.int16, "back"), 0, tag=4)
+
+
+@check
+def torch_tensors_and_like():
+    me, right, left = neighbours()
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool):
+        mine = (torch.arange(37) * (me + 1)).to(dtype)
+        got = rt.sendrecv(mine, right, left, like=mine)
+        assert isinstance(got, torch.Tensor) and got.dtype == dtype, (type(got), dtype)
+        assert torch.equal(got, (torch.arange(37) * (left + 1)).to(dtype)), dtype
+        into = torch.empty(37, dtype=dtype)
+        assert rt.sendrecv(mine, right, left, recv_tensor=into) is into
+        assert torch.equal(into, got)
+    # A strided target is filled through a copy.
+    target = torch.zeros(6, 4)
+    rt.sendrecv(torch.full((4, 6), float(me)), right, left, recv_tensor=target.T)
+    assert torch.equal(target.T, torch.full((4, 6), float(left)))
+
+
+@check
+def mismatches_on_both_ranks_then_usable():
+    me, right, left = neighbours()
+    cases = [("shape", np.zeros(5, np.float32), np.zeros(6, np.float32), "sent shape (5,)"),
+             ("dtype", np.zeros(5, np.float32), np.zeros(5, np.float64),
+              "sent dtype float32"),
+             ("large shape", np.zeros(40000, np.float32), np.zeros(40001, np.float32),
+              "sent shape (40000,)")]
+    for what, sent, expected, words in cases:
+        send = rt.isend(sent, right, tag=11, name="w")
+        receive = rt.irecv(expected, left, tag=11, name="w")
+        for handle in (receive, send):
+            expect_raises(rt.MessageMismatchError, rt.synchronize, handle,
+                          match=[words, "tag 11", "tensor 'w'", f"expected {what.split()[-1]}"])
+        assert not expected.any(), f"{what}: the receive target was written"
+    send = rt.isend(np.zeros(3), right, name="a")
+    error = expect_raises(rt.MessageMismatchError, rt.recv if rt.size() > 1 else
+                          lambda *a, **k: rt.synchronize(rt.irecv(*a, **k)),
+                          None, left, name="b", match=["sent name 'a'", "expected name 'b'"])
+    assert (error.sender, error.receiver) == (left, me), (error.sender, error.receiver)
+    expect_raises(rt.MessageMismatchError, rt.synchronize, send,
+                  match=[f"from rank {me} to rank {right}"])
+    # Usable afterwards: messages and collectives.
+    assert_equal_arrays(rt.sendrecv(np.full(3, me), right, left), np.full(3, left), "after")
+    total = rt.allreduce(np.ones(2), op=rt.Sum, name="after")
+    assert_equal_arrays(total, np.full(2, float(rt.size())), "allreduce after")
+
+
+@check
+def bad_arguments_refused_before_sending():
+    me, right, left = neighbours()
+    expect_raises(rt.InvalidArgumentError, rt.isend, np.ones(2), rt.size(), match=["rank"])
+    expect_raises(rt.InvalidArgumentError, rt.isend, np.ones(2), right, tag=-1,
+                  match=["tag must be"])
+    expect_raises(rt.UnsupportedDtypeError, rt.isend, np.ones(2, np.complex64), right)
+    expect_raises(rt.InvalidArgumentError, rt.send, np.ones(2), me, match=["itself"])
+    expect_raises(rt.InvalidArgumentError, rt.recv, None, me, match=["itself"])
+
+
+@check(min_size=3)
+def inside_process_sets():
+    k, me = rt.size(), rt.rank()
+    evens = rt.add_process_set(range(0, k, 2))
+    odds = rt.add_process_set(range(1, k, 2))
+    mine = evens if me % 2 == 0 else odds
+    members = mine.ranks
+    index = members.index(me)
+    right, left = members[(index + 1) % len(members)], members[(index - 1) % len(members)]
+    # The same tag in both sets: each set's messages stay in it.
+    got = rt.sendrecv(np.full(9, me, np.int32), right, left, tag=5, process_set=mine)
+    assert_equal_arrays(got, np.full(9, left, np.int32), "within the set")
+    outsider = next(r for r in range(k) if r not in members)
+    expect_raises(rt.InvalidArgumentError, rt.isend, np.ones(1), outsider, process_set=mine,
+                  match=[f"rank {outsider} is not among"])
+    rt.barrier()
+    rt.remove_process_set(evens)
+    rt.remove_process_set(odds)
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@check(min_size=2)
+def a_late_sender_is_reported_by_the_stall_inspector():
+    """RINGTRAIN_STALL_CHECK_SECONDS=1: rank 0 waits 2.5 s for rank 1's message."""
+    me = rt.rank()
+    records = _Records()
+    logger = logging.getLogger("ringtrain")
+    logger.addHandler(records)
+    try:
+        if me == 1:
+            time.sleep(2.5)
+            rt.send(np.ones(3), 0, tag=6, name="late")
+        elif me == 0:
+            rt.recv(None, 1, tag=6, name="late")
+    finally:
+        logger.removeHandler(records)
+    if me == 0:
+        expected = "recv of tensor 'late' from rank 1 (tag 6) has waited"
+        assert any(expected in line and "for rank 1, which" in line
+                   for line in records.lines), records.lines
+
+
+if __name__ == "__main__":
+    assert WORLD.Get_size() >= 1
+    main()

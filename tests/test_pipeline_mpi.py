@@ -1,0 +1,22 @@
+"""Run the pipeline trainer's program under tests/mpi/ with 1, 2, 3 and 4 ranks: every
+stages × replicas split of the ranks (2 × 2 at four), against one process."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from mpi_launch import run_mpi
+
+pytest.importorskip("torch")
+
+NPROCS = [1, 2, 3, 4]
+CHECKS = 5
+
+
+@pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
+def test_pipeline(nprocs):
+    output = run_mpi("pipeline", nprocs, timeout=240)
+    summary = re.search(rf"pipeline\.py np={nprocs}: all (\d+) checks passed", output)
+    assert summary and int(summary.group(1)) == CHECKS, output
