@@ -6,11 +6,15 @@ own session (so nothing it starts can outlive a timeout), and fails the calling 
 * on a timeout: which program and how many ranks hung, the stacks the ranks dumped
   when asked (the programs register faulthandler on SIGUSR1), and the output so far;
 * on a non-zero exit: the exit status and the combined output (stdout and stderr).
+
+``run_checks("allreduce", 4, 20)`` also fails unless the program's summary line says that
+all of its checks passed, at least 20 of them.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -176,3 +180,17 @@ def require_gpu() -> None:
     says one must be there: then the test runs, and fails without one."""
     if os.environ.get("RINGTRAIN_TEST_GPU") != "1" and not gpu_found():
         pytest.skip("no CUDA GPU (RINGTRAIN_TEST_GPU=1 makes this a failure)")
+
+
+def run_checks(program: str, nprocs: int, at_least: int = 1, **options) -> str:
+    """Run ``program`` as :func:`run_mpi` does (``options`` are its keyword arguments) and
+    fail unless its summary line says that all its checks passed, at least ``at_least``
+    of them; returns the output."""
+    output = run_mpi(program, nprocs, **options)
+    summary = re.search(rf"{re.escape(program)}\.py np={nprocs}: all (\d+) checks passed",
+                        output)
+    assert summary, f"no summary line in the output of {program}.py np={nprocs}:\n{output}"
+    assert int(summary.group(1)) >= at_least, \
+        f"{program}.py np={nprocs}: {summary.group(1)} checks passed, expected at least " \
+        f"{at_least}:\n{output}"
+    return output

@@ -7,11 +7,10 @@ failed on which ranks, with tracebacks, and a hang shows the stacks of the ranks
 from __future__ import annotations
 
 import ast
-import re
 
 import pytest
 
-from mpi_launch import PROGRAMS as PROGRAM_DIR, run_mpi
+from mpi_launch import PROGRAMS as PROGRAM_DIR, run_checks
 
 PROGRAMS = ["allreduce", "broadcast", "gather_scatter", "mismatch", "process_sets", "lifecycle",
             "compression", "join", "threads", "bfloat16"]
@@ -28,27 +27,18 @@ def _settings_environment() -> dict[str, str]:
     raise AssertionError("settings_env.py defines no ENVIRONMENT")
 
 
-def _assert_all_passed(output: str, program: str, nprocs: int) -> None:
-    summary = re.search(rf"{program}\.py np={nprocs}: all (\d+) checks passed", output)
-    assert summary, f"no summary line in the output of {program}.py np={nprocs}:\n{output}"
-    assert int(summary.group(1)) > 0
-
-
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
 @pytest.mark.parametrize("program", PROGRAMS)
 def test_program(program, nprocs):
-    output = run_mpi(program, nprocs, timeout=TIMEOUT)
-    _assert_all_passed(output, program, nprocs)
+    run_checks(program, nprocs, timeout=TIMEOUT)
 
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
 def test_settings_from_the_environment(nprocs):
-    output = run_mpi("settings_env", nprocs, timeout=TIMEOUT, env=_settings_environment())
-    _assert_all_passed(output, "settings_env", nprocs)
+    run_checks("settings_env", nprocs, timeout=TIMEOUT, env=_settings_environment())
 
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
 def test_torch_cpu_tensors(nprocs):
     pytest.importorskip("torch")
-    output = run_mpi("torch_tensors", nprocs, timeout=TIMEOUT)
-    _assert_all_passed(output, "torch_tensors", nprocs)
+    run_checks("torch_tensors", nprocs, timeout=TIMEOUT)

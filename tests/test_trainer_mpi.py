@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from mpi_launch import require_gpu, run_mpi
+from mpi_launch import require_gpu, run_checks, run_mpi
 
 # Each program and the fewest checks it must report passed.
 PROGRAMS = {"trainer_gold": 17, "trainer_behaviour": 17, "trainer_mixed_precision": 28,
@@ -17,10 +17,7 @@ NPROCS = [1, 2, 3, 4]
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
 @pytest.mark.parametrize("program", list(PROGRAMS))
 def test_program(program, nprocs):
-    output = run_mpi(program, nprocs, timeout=240)
-    summary = re.search(rf"{program}\.py np={nprocs}: all (\d+) checks passed", output)
-    assert summary, f"no summary line in the output of {program}.py np={nprocs}:\n{output}"
-    assert int(summary.group(1)) >= PROGRAMS[program], output
+    run_checks(program, nprocs, PROGRAMS[program], timeout=240)
 
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
