@@ -16,7 +16,8 @@ except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0+unknown"
 
 _SUBPACKAGES = ("collectives", "kernels", "trainer", "launcher", "elastic", "pruning",
-                "pipeline", "variables", "timeline_format", "resize_protocol", "kvstore")
+                "pipeline", "variables", "timeline_format", "resize_protocol", "atomic_file",
+                "kvstore")
 
 
 def __getattr__(name: str) -> Any:

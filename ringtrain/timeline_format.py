@@ -15,7 +15,9 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import BinaryIO
 
+from .atomic_file import write_atomically
 from .variables import TIMELINE
 
 __all__ = ["TIMELINE_VARIABLE", "OPENING", "CLOSING", "rank_path", "read_trace", "merge",
@@ -103,38 +105,32 @@ def merge_files(rank_files: Sequence[str], out_path: str,
         starts[path] = _start(other)
     known = [start for start in starts.values() if start is not None]
     origin = min(known) if known else None
-    directory, name = os.path.split(os.path.abspath(out_path))
-    temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
     events = 0
     merged: list[str] = []
-    try:
-        with open(temporary, "w", encoding="utf-8") as handle:
-            other = {"ranks": len(starts)}
-            if origin is not None:
-                other["start_unix_us"] = origin
-            handle.write(OPENING % json.dumps(other))
-            for path, start in starts.items():
-                try:
-                    file_events, _ = read_trace(path)
-                except (OSError, ValueError) as error:  # changed since it was first read
-                    _warn(prefix, f"timeline {path} skipped: {error}")
-                    continue
-                shift = 0.0 if start is None or origin is None else start - origin
-                for event in file_events:
-                    if shift and isinstance(event, dict) \
-                            and isinstance(event.get("ts"), (int, float)):
-                        event["ts"] = round(event["ts"] + shift, 3)
-                    handle.write((",\n" if events else "") + json.dumps(event))
-                    events += 1
-                merged.append(path)
-            handle.write(CLOSING)
-        os.replace(temporary, out_path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
+
+    def write(handle: BinaryIO) -> None:
+        nonlocal events
+        other = {"ranks": len(starts)}
+        if origin is not None:
+            other["start_unix_us"] = origin
+        handle.write((OPENING % json.dumps(other)).encode())
+        for path, start in starts.items():
+            try:
+                file_events, _ = read_trace(path)
+            except (OSError, ValueError) as error:  # changed since it was first read
+                _warn(prefix, f"timeline {path} skipped: {error}")
+                continue
+            shift = 0.0 if start is None or origin is None else start - origin
+            for event in file_events:
+                if shift and isinstance(event, dict) \
+                        and isinstance(event.get("ts"), (int, float)):
+                    event["ts"] = round(event["ts"] + shift, 3)
+                handle.write(((",\n" if events else "") + json.dumps(event)).encode())
+                events += 1
+            merged.append(path)
+        handle.write(CLOSING.encode())
+
+    write_atomically(out_path, write)
     return events, merged
 
 
