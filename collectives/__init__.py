@@ -14,7 +14,7 @@ from ._calls import poll, synchronize
 from ._executor import Handle
 from ._join import join
 from ._objects import allgather_object, barrier, broadcast_object
-from ._ops import Average, Max, Min, Product, ReduceOp, Sum
+from ._ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from ._point_to_point import (RecvOp, SendOp, batch_isend_irecv, irecv, isend, recv, send,
                               sendrecv)
 from ._process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
@@ -32,7 +32,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size",
     "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
-    "ReduceOp", "Average", "Sum", "Min", "Max", "Product",
+    "ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Adasum",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_",

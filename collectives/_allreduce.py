@@ -34,13 +34,17 @@ def allreduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | N
             tensor (CPU or CUDA), a CuPy or numba device array; the result is of the same
             kind, on the same device (see docs/gpu.md). Non-contiguous arrays are copied
             first.
-        op: Average (default), Sum, Min, Max or Product. Average of integers is refused.
+        op: Average (default), Sum, Min, Max, Product or Adasum. Average of integers is
+            refused. Adasum (floating dtypes, host arrays, no compression) combines the
+            ranks' vectors as Horovod's Adasum does, by its own algorithm (see
+            docs/collectives.md); in a grouped allreduce each tensor on its own.
         name: names the tensor in error messages; must be the same on every rank.
         prescale_factor: multiplies the input before the reduction (floating dtypes).
         postscale_factor: multiplies the result (floating dtypes).
         process_set: the ranks taking part (default: all).
         algorithm: ``ring``, ``recursive_doubling``, ``hierarchical``, ``node_leader``,
-            ``native`` or ``auto`` (default: the ``allreduce_algorithm`` setting).
+            ``native`` or ``auto`` (default: the ``allreduce_algorithm`` setting); unset
+            for Adasum.
         compression: ``Compression.fp16`` or ``Compression.bf16`` send float32 tensors
             as 16-bit floats (half the bytes; the result is float32 again, with the
             16-bit format's precision); other dtypes travel as they are, but fp16

@@ -16,6 +16,7 @@ from ._memory import HOST, HostMemory
 from ._placement import memory_for
 from ._ops import ReduceOp
 from ._plans import AllreducePlan, GroupedCall
+from ._selection import ADASUM
 from ._topology import HIERARCHICAL, NodeLayout
 from ._tracing import phase
 from .errors import NonFiniteWarning, subject
@@ -141,6 +142,10 @@ def reduce_grouped(grouped: GroupedCall, collective: str, name: str | None,
                               compressor, buffer, buffer, 1.0, postscale_factor, op,
                               value_range, grouped.settings.segment_bytes, name)
             unpack_scale = 1.0
+        elif op is ReduceOp.Adasum:  # each tensor (its zero padding after it) on its own
+            memory.reduce(group, ADASUM, buffer, buffer, op, None, None,
+                          grouped.settings.segment_bytes, None, grouped.layout,
+                          [*fusion.offsets.tolist(), fusion.total_size])
         else:
             memory.reduce(group, grouped.chosen[dtype], memory.settled(buffer), buffer, op,
                           reducer(op.value, dtype), finisher(divisor, 1.0, dtype),

@@ -102,10 +102,10 @@ def active_compressor(compression: Compressor, dtype: np.dtype, op: ReduceOp,
             f"bfloat16 tensors)")
     if not compression.applies_to(dtype):
         return None
-    if op is ReduceOp.Product:
+    if op in (ReduceOp.Product, ReduceOp.Adasum):
         raise InvalidArgumentError(
             f"{subject(collective, name)}: {compression.name} compression supports Sum, "
-            f"Average, Min and Max, not Product")
+            f"Average, Min and Max, not {op.name}")
     if compression.error_feedback and name is None:
         raise InvalidArgumentError(
             f"{subject(collective, name)}: {compression.name} compression with error "

@@ -3,7 +3,7 @@ buffer through the chosen algorithm, and the step that turns a sum into the resu
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mpi4py import MPI
@@ -11,9 +11,10 @@ import numpy as np
 
 from ..kernels import Compressor, bits, divide_into, encoding_of, reducer, scale_into
 from ..kernels.reduction import Combine
-from . import _hierarchical, _native, _recursive_doubling, _ring
+from . import _adasum, _hierarchical, _native, _recursive_doubling, _ring
 from ._group import Group
 from ._ops import ReduceOp
+from ._selection import ADASUM
 from ._topology import HIERARCHICAL, NodeLayout, hierarchy_for, layout_of
 from ._tracing import phase
 from .config import current_settings
@@ -46,16 +47,23 @@ def finisher(divisor: int, postscale_factor: float, dtype: np.dtype) -> Finisher
 
 
 def reduce_flat(group: Group, algorithm: str, source: np.ndarray, result: np.ndarray,
-                op: ReduceOp, combine: Combine, finish: Callable[[np.ndarray], None] | None,
-                segment_bytes: int, encoding: str | None = None,
-                layout: NodeLayout | None = None) -> None:
+                op: ReduceOp, combine: Combine | None,
+                finish: Callable[[np.ndarray], None] | None, segment_bytes: int,
+                encoding: str | None = None, layout: NodeLayout | None = None,
+                bounds: Sequence[int] | None = None) -> None:
     """The data phase of an allreduce, after agreement: 1-D ``source`` into ``result``.
 
     ``combine`` reduces two ranks' values (see :func:`ringtrain.kernels.reducer`);
     ``encoding`` names a 16-bit float format stored as uint16; ``layout`` is the one
     the call agreed on (the hierarchical algorithms need it). bfloat16 arrays travel as
     their bits (MPI has no bfloat16), so ``combine`` and ``finish`` must take those.
+    The ``adasum`` algorithm needs no ``combine``, takes its values as they are, and
+    ``bounds``, the offsets of the tensors packed in ``source`` (None: one tensor).
     """
+    if algorithm == ADASUM:
+        with phase("adasum", bytes=source.nbytes):
+            _adasum.allreduce(group, source, result, finish, bounds)
+        return
     encoding = encoding or encoding_of(source.dtype)
     in_place = result is source
     source = bits(source)

@@ -13,7 +13,7 @@ CUDA IPC (:data:`IPC`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ContextManager
 
 import numpy as np
@@ -105,11 +105,14 @@ class HostMemory:
             finish(values)
 
     def reduce(self, group: Group, algorithm: str, source: Any, result: Any, op: ReduceOp,
-               combine: Combine, finish: Callable[[Any], None] | None, segment_bytes: int,
-               encoding: str | None, layout: NodeLayout | None) -> None:
-        """Allreduce flat ``source`` into ``result`` (may be it) after agreement."""
+               combine: Combine | None, finish: Callable[[Any], None] | None,
+               segment_bytes: int, encoding: str | None, layout: NodeLayout | None,
+               bounds: Sequence[int] | None = None) -> None:
+        """Allreduce flat ``source`` into ``result`` (may be it) after agreement;
+        ``bounds``: the tensors' offsets in it, for Adasum (host memory only: plans
+        refuse Adasum on device memory)."""
         reduce_flat(group, algorithm, source, result, op, combine, finish, segment_bytes,
-                    encoding, layout)
+                    encoding, layout, bounds)
 
 
 HOST = HostMemory()

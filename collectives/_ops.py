@@ -6,18 +6,20 @@ import enum
 
 import numpy as np
 
-from ..kernels import BFLOAT16
+from ..kernels import BFLOAT16, is_floating
 from .errors import InvalidArgumentError, UnsupportedDtypeError, subject
 
 
 class ReduceOp(enum.Enum):
-    """How an allreduce or reducescatter combines the ranks' values."""
+    """How an allreduce or reducescatter combines the ranks' values (Adasum: allreduce
+    only, floating dtypes)."""
 
     Average = "average"
     Sum = "sum"
     Min = "min"
     Max = "max"
     Product = "product"
+    Adasum = "adasum"
 
     def __repr__(self) -> str:
         return f"ringtrain.{self.name}"
@@ -30,6 +32,7 @@ Sum = ReduceOp.Sum
 Min = ReduceOp.Min
 Max = ReduceOp.Max
 Product = ReduceOp.Product
+Adasum = ReduceOp.Adasum
 
 REDUCE_DTYPES = tuple(np.dtype(t) for t in (
     np.float16, BFLOAT16, np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32,
@@ -66,8 +69,13 @@ def check_dtype(dtype: np.dtype, allowed: tuple[np.dtype, ...], collective: str,
 
 def check_op_for_dtype(op: ReduceOp, dtype: np.dtype, collective: str,
                        tensor_name: str | None) -> None:
-    """Refuse an Average of integers: its result is not an integer."""
+    """Refuse an Average of integers (its result is not an integer) and an Adasum of
+    anything but floating values (it scales vectors by their dot products)."""
     if op is ReduceOp.Average and dtype.kind in "iu":
         raise InvalidArgumentError(
             f"{subject(collective, tensor_name)}: op Average is not defined for "
             f"integer dtype {dtype}; use Sum (and divide yourself) or a floating dtype")
+    if op is ReduceOp.Adasum and not is_floating(dtype):
+        raise UnsupportedDtypeError(
+            f"{subject(collective, tensor_name)}: op Adasum needs a floating dtype "
+            f"(float16, bfloat16, float32, float64), got {dtype}")

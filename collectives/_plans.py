@@ -9,13 +9,16 @@ from typing import Any
 import numpy as np
 
 from ..kernels import Compressor, FusionLayout, reducer
+from ..kernels.reduction import Combine
+from ._adasum import working_dtype
 from ._agreement import Call
 from ._checks import active_compressor, check_compression, check_reduction
 from ._data_phase import Finisher, finisher
 from ._memory import AWARE, IPC, STAGED, goes_direct
 from ._ops import ReduceOp, resolve_op
 from ._process_sets import ProcessSet, resolve_group
-from ._selection import allreduce_algorithm, device_allreduce_algorithm
+from ._selection import (ADASUM, adasum_algorithm, allreduce_algorithm,
+                         device_allreduce_algorithm)
 from ._topology import HIERARCHICAL, NodeLayout, layout_of
 from .config import current_settings
 
@@ -43,8 +46,9 @@ class AllreducePlan:
         memory: where the data travels (``None`` for host arrays; see :mod:`._memory`).
         call: the signature the ranks compare.
         compressor: the compressor that encodes the data, or None.
-        combine: reduces two ranks' values in the wire format.
-        finish: turns the sum into the result (None when nothing is to do).
+        combine: reduces two ranks' values in the wire format (None for Adasum).
+        finish: turns the sum into the result (None when nothing is to do); for Adasum,
+            the postscale in the working precision (see :func:`._adasum.allreduce`).
         wire: the host plan's own buffer for the compressed values.
     """
 
@@ -55,13 +59,16 @@ class AllreducePlan:
                  postscale_factor: float, process_set: ProcessSet | None,
                  algorithm: str | None, compression: Any, collective: str,
                  on_device: bool = False):
+        self.op = resolve_op(op, collective, name)
+        adasum = self.op is ReduceOp.Adasum
+        if adasum:
+            algorithm = adasum_algorithm(algorithm, collective, name, on_device)
         self.memory: str | None = None
         if on_device:
             direct = not _device_compressed(compression, array.dtype) and goes_direct(
                 algorithm, current_settings().allreduce_algorithm, array.dtype)
             algorithm = "native" if direct else algorithm
             self.memory = AWARE if direct else STAGED
-        self.op = resolve_op(op, collective, name)
         check_reduction(array, self.op, name, prescale_factor, postscale_factor, collective)
         compression = check_compression(compression, collective, name)
         self.compressor = active_compressor(compression, array.dtype, self.op, collective,
@@ -71,8 +78,9 @@ class AllreducePlan:
         self.settings = current_settings()
         self.layout = layout_of(self.group, self.settings)
         choose = device_allreduce_algorithm if self.memory == STAGED else allreduce_algorithm
-        self.algorithm = choose(algorithm, array.size * wire_dtype.itemsize, self.group.size,
-                                self.settings, name, self.layout)
+        self.algorithm = ADASUM if adasum else choose(
+            algorithm, array.size * wire_dtype.itemsize, self.group.size, self.settings, name,
+            self.layout)
         if self.algorithm == "ipc":
             self.memory = IPC
         self.call = Call(collective="allreduce", name=name, op=self.op.name,
@@ -83,9 +91,9 @@ class AllreducePlan:
                          **memory_field(self.memory))
         self.finish: Finisher | None = finisher(
             self.group.size if self.op is ReduceOp.Average else 1, postscale_factor,
-            array.dtype)
-        self.combine = reducer(self.op.value, wire_dtype,
-                               self.compressor.encoding if self.compressor else None)
+            working_dtype(array.dtype) if adasum else array.dtype)
+        self.combine: Combine | None = None if adasum else reducer(
+            self.op.value, wire_dtype, self.compressor.encoding if self.compressor else None)
         self.wire = np.empty(array.size, wire_dtype) \
             if self.compressor and not self.memory else None
 
@@ -138,7 +146,7 @@ class GroupedCall:
         chosen: the algorithm of each dtype's fused buffer (``algorithm`` for all when
             given, else as ``auto`` or the requested one chooses by size; ``native`` for
             device memory handed to MPI, ``ipc`` for device memory reduced on the GPUs
-            of one node).
+            of one node; ``adasum`` for every dtype of an Adasum).
         call: the signature the ranks compare.
 
     Raises:
@@ -150,6 +158,9 @@ class GroupedCall:
                  process_set: ProcessSet | None, algorithm: str | None, compression: Any,
                  collective: str, on_device: bool = False):
         self.op = resolve_op(op, collective, name)
+        adasum = self.op is ReduceOp.Adasum
+        if adasum:
+            algorithm = adasum_algorithm(algorithm, collective, name, on_device)
         for array in arrays:
             check_reduction(array, self.op, name, prescale_factor, postscale_factor,
                             collective)
@@ -172,9 +183,10 @@ class GroupedCall:
                 for dtype in self.members)
             self.memory = AWARE if direct else STAGED
         choose = device_allreduce_algorithm if self.memory == STAGED else allreduce_algorithm
-        self.chosen = {dtype: "native" if self.memory == AWARE else choose(
-            algorithm, self._wire_bytes(dtype), self.group.size, self.settings, name,
-            self.layout) for dtype in self.members}
+        self.chosen = {dtype: ADASUM if adasum else "native" if self.memory == AWARE
+                       else choose(algorithm, self._wire_bytes(dtype), self.group.size,
+                                   self.settings, name, self.layout)
+                       for dtype in self.members}
         if "ipc" in self.chosen.values():  # the other dtypes' buffers go through the host
             self.memory = IPC
         hierarchical = next((c for c in self.chosen.values() if c in HIERARCHICAL), "")

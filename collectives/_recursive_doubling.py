@@ -29,6 +29,12 @@ from ._group import Group
 TAG = 11
 
 
+def unfolded_rank(new_rank: int, rem: int) -> int:
+    """The group rank of the rank numbered ``new_rank`` after the fold of ``rem`` pairs:
+    the odd rank of pair ``new_rank`` when ``new_rank < rem``, else ``new_rank + rem``."""
+    return new_rank * 2 + 1 if new_rank < rem else new_rank + rem
+
+
 def exchange(group: Group, message: np.ndarray, receive: np.ndarray,
              combine: Callable[[np.ndarray], None]) -> None:
     """Allreduce ``message`` (bytes) over the group by recursive doubling, in place.
@@ -62,8 +68,7 @@ def exchange(group: Group, message: np.ndarray, receive: np.ndarray,
         new_rank = rank - rem
     mask = 1
     while mask < p2:
-        partner_new = new_rank ^ mask
-        partner = partner_new * 2 + 1 if partner_new < rem else partner_new + rem
+        partner = unfolded_rank(new_rank ^ mask, rem)
         comm.Sendrecv(message, partner, TAG, receive, partner, TAG)
         combine(incoming)
         mask <<= 1
@@ -90,4 +95,4 @@ def allreduce(group: Group, buffer: np.ndarray, combine: Combine, segment_bytes:
         exchange(group, piece_bytes, receive, fold)
 
 
-__all__ = ["exchange", "allreduce"]
+__all__ = ["exchange", "allreduce", "unfolded_rank"]

@@ -23,6 +23,7 @@ from ._ops import ReduceOp, resolve_op
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import simple_algorithm
 from .config import current_settings
+from .errors import InvalidArgumentError, subject
 
 
 def reducescatter(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | None = None,
@@ -79,6 +80,10 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
     array = on_device if on_device is not None else \
         input_array(tensor, "reducescatter", name)
     op = resolve_op(op, "reducescatter", name)
+    if op is ReduceOp.Adasum:
+        raise InvalidArgumentError(
+            f"{subject('reducescatter', name)}: op Adasum combines whole vectors; it is an "
+            f"allreduce (and grouped allreduce) op only")
     check_reduction(array, op, name, prescale_factor, postscale_factor, "reducescatter")
     check_splittable(array.shape, "reducescatter", name)
     group = resolve_group(process_set, "reducescatter", name)

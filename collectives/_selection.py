@@ -54,6 +54,29 @@ def allreduce_algorithm(algorithm: str | None, nbytes: int, size: int, settings:
     return host_allreduce_algorithm(nbytes, settings)
 
 
+ADASUM = "adasum"
+"""The algorithm of every Adasum allreduce (see ``_adasum``): its own schedule."""
+
+
+def adasum_algorithm(algorithm: str | None, collective: str, name: str | None,
+                     on_device: bool) -> str:
+    """The algorithm of an Adasum allreduce: ``adasum``, whatever the setting says.
+
+    Raises:
+        InvalidArgumentError: another algorithm asked for by the call, or device memory
+            (Adasum combines host arrays; copy device tensors to the host first).
+    """
+    if algorithm not in (None, "auto", ADASUM):
+        raise InvalidArgumentError(
+            f"{subject(collective, name)}: op Adasum runs its own algorithm (recursive "
+            f"halving, then an allgather), not {algorithm!r}; leave algorithm unset")
+    if on_device:
+        raise InvalidArgumentError(
+            f"{subject(collective, name)}: op Adasum combines host arrays; this tensor is "
+            f"in GPU memory: copy it to the host (tensor.cpu()) first")
+    return ADASUM
+
+
 def host_allreduce_algorithm(nbytes: int, settings: Settings) -> str:
     """``auto``'s choice between the algorithms that need no node layout."""
     return "recursive_doubling" if nbytes <= settings.recursive_doubling_max_bytes else "ring"

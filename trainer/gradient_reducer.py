@@ -146,7 +146,7 @@ class GradientReducer:
         gradients: for each gradient, in parameter registration order, its name and an
             array-like with its shape and dtype (the parameter itself will do). Names
             must be unique and the same on every rank.
-        op: the reduction (Average by default; Sum, Min, Max, Product).
+        op: the reduction (Average by default; Sum, Min, Max, Product; not Adasum).
         compression: ``Compression.none`` (default), ``Compression.fp16`` or
             ``Compression.bf16`` (float32 gradients travel as 16-bit floats).
         prescale_factor: multiplies each gradient before the reduction.
@@ -182,6 +182,10 @@ class GradientReducer:
                  first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
                  backward_passes_per_step: int = 1, algorithm: str | None = None,
                  as_array: Callable[[Any], Any] | None = None):
+        if op is ReduceOp.Adasum or str(op).lower() in ("adasum", "ringtrain.adasum"):
+            raise InvalidArgumentError(
+                "op Adasum combines each parameter's change, not bucketed gradients: use "
+                "ringtrain.horovod.DistributedOptimizer(optimizer, op=hvd.Adasum)")
         self.specs = _specs(gradients)
         self._as_array = as_array
         self.process_set = process_set
