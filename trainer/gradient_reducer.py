@@ -182,7 +182,7 @@ class GradientReducer:
                  first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
                  backward_passes_per_step: int = 1, algorithm: str | None = None,
                  as_array: Callable[[Any], Any] | None = None):
-        if op is ReduceOp.Adasum or str(op).lower() in ("adasum", "ringtrain.adasum"):
+        if op is ReduceOp.Adasum or (isinstance(op, str) and op.lower() == "adasum"):
             raise InvalidArgumentError(
                 "op Adasum combines each parameter's change, not bucketed gradients: use "
                 "ringtrain.horovod.DistributedOptimizer(optimizer, op=hvd.Adasum)")

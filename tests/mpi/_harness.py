@@ -234,6 +234,33 @@ def reduce_reference(inputs: Sequence[np.ndarray], op: rt.ReduceOp, prescale: fl
     return np.asarray(out, wide).reshape(inputs[0].shape)
 
 
+def adasum_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Horovod's Adasum of two float64 vectors: ``(1 - a.b/(2|a|^2)) a + (1 - a.b/(2|b|^2)) b``,
+    a coefficient 1 when its vector's squared norm is below 1e-8."""
+    dot, norm_a, norm_b = float(a @ b), float(a @ a), float(b @ b)
+    coefficient_a = 1.0 if norm_a < 1e-8 else 1.0 - dot / (2.0 * norm_a)
+    coefficient_b = 1.0 if norm_b < 1e-8 else 1.0 - dot / (2.0 * norm_b)
+    return coefficient_a * a + coefficient_b * b
+
+
+def adasum_reference(vectors: Sequence[np.ndarray]) -> np.ndarray:
+    """Horovod's Adasum over the ranks' ``vectors``, in float64, with ``vectors[0]``'s shape.
+
+    For a power of two, Horovod's binary tree: pairs (0, 1), (2, 3), ... then pairs of
+    those. Otherwise (p ranks, p2 the largest power of two below, rem = p - p2) the tree
+    ringtrain documents: pairs (0, 1), ..., (2 rem - 2, 2 rem - 1) first, their results
+    taking the places of those pairs, then Horovod's tree over the p2 vectors; p = 3 gives
+    adasum(adasum(v0, v1), v2).
+    """
+    level = [np.asarray(v, np.float64).reshape(-1) for v in vectors]
+    p2 = 1 << (len(level).bit_length() - 1)
+    rem = len(level) - p2
+    level = [adasum_pair(level[2 * i], level[2 * i + 1]) for i in range(rem)] + level[2 * rem:]
+    while len(level) > 1:
+        level = [adasum_pair(a, b) for a, b in zip(level[0::2], level[1::2])]
+    return level[0].reshape(np.shape(vectors[0]))
+
+
 TOLERANCE = {
     np.dtype(np.float16): (1e-2, 1e-2),
     np.dtype(np.float32): (2e-5, 1e-5),

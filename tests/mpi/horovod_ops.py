@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 import ringtrain.horovod as hvd
-from _harness import (WORLD, Digests, all_inputs, assert_reduced, check, expect_raises, main,
-                      make_input, reduce_reference)
+from _harness import (WORLD, Digests, adasum_reference, all_inputs, assert_reduced, check,
+                      expect_raises, main, make_input, reduce_reference)
 
 TORCH_DTYPES = {np.dtype(n): t for n, t in (
     (np.uint8, torch.uint8), (np.int8, torch.int8), (np.int16, torch.int16),
@@ -495,29 +495,13 @@ def sparse_allreduce_sums_the_entries():
     expect_raises(ValueError, hvd.sparse_allreduce_async, sparse_input(0, "s"), "x", hvd.Max)
 
 
-def adasum_reference(vectors: list[np.ndarray]) -> np.ndarray:
-    """Adasum written out: pairs (0, 1), (2, 3), ... then their results pairwise."""
-    level = [v.astype(np.float64).reshape(-1) for v in vectors]
-    while len(level) > 1:
-        combined = []
-        for a, b in zip(level[0::2], level[1::2]):
-            dot = float(a @ b)
-            na, nb = float(a @ a), float(b @ b)
-            ca = 1.0 if na < 1e-8 else 1.0 - dot / (2 * na)
-            cb = 1.0 if nb < 1e-8 else 1.0 - dot / (2 * nb)
-            combined.append(ca * a + cb * b)
-        level = combined
-    return level[0].reshape(vectors[0].shape)
-
-
 @check
-def adasum_or_its_error():
+def adasum_on_any_number_of_ranks():
+    """CPU tensors on any number of ranks, as Horovod's CPU Adasum (the tree for a number
+    that is not a power of two: see _harness.adasum_reference)."""
     size = hvd.size()
     inputs = all_inputs(ranks(), (3, 5), np.float32, None, "adasum")
     mine = tensor_of(inputs[hvd.rank()])
-    if size & (size - 1):
-        expect_raises(NotImplementedError, hvd.allreduce, mine, op=hvd.Adasum)
-        return
     expected = adasum_reference(inputs)
     result = hvd.allreduce(mine, op=hvd.Adasum)
     assert_reduced(assert_tensor(result, np.float32, (3, 5), "adasum"), expected, np.float32,
@@ -536,6 +520,12 @@ def adasum_or_its_error():
     digests.add("adasum", result.numpy())
     digests.verify()
     expect_raises(ValueError, hvd.allreduce, torch.ones(3, dtype=torch.int32), op=hvd.Adasum)
+    # grouped: each tensor with its own coefficients, as Horovod's fused Adasum
+    second = all_inputs(ranks(), (7,), np.float64, None, "adasum-grouped")
+    grouped = hvd.grouped_allreduce([mine, tensor_of(second[hvd.rank()])], op=hvd.Adasum)
+    assert_reduced(grouped[0].numpy(), expected, np.float32, "grouped adasum 0")
+    assert_reduced(grouped[1].numpy(), adasum_reference(second), np.float64,
+                   "grouped adasum 1")
 
 
 @check

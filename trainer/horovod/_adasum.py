@@ -1,10 +1,15 @@
-"""Adasum: Horovod's adaptive summation of gradients, built on ringtrain's allgather.
+"""Adasum: Horovod's adaptive summation, on ringtrain's core ``Adasum`` allreduce.
 
 Two vectors combine as ``adasum(a, b) = (1 - a.b / (2|a|^2)) a + (1 - a.b / (2|b|^2)) b``
-(a coefficient stays 1 when its vector is zero); the ranks' vectors combine pairwise in
-a binary tree: ranks (0, 1), (2, 3), ... first, then those results pairwise, and so on.
-Every rank gathers all vectors and evaluates the tree itself in float64, so the result
-is bit-identical on every rank.
+(a coefficient stays 1 when its vector is zero), the ranks' vectors in a binary tree:
+ranks (0, 1), (2, 3), ... first, then those results pairwise, and so on; each tensor of
+a grouped allreduce on its own. ringtrain reduces it by recursive vector halving, the
+schedule of Horovod's CPU Adasum (see docs/collectives.md).
+
+What Horovod refuses is refused here: integer tensors (ValueError, before anything is
+sent), and for GPU tensors a number of nodes that is not a power of two
+(NotImplementedError, Horovod's GPU rule). Like Horovod's CPU Adasum, CPU tensors take
+any number of ranks; process sets are accepted. GPU tensors are combined in a host copy.
 """
 
 from __future__ import annotations
@@ -14,68 +19,52 @@ from typing import Any
 import torch
 
 from ... import collectives as rtc
-from ._handles import Finish, launch
-
-_ZERO_NORM = 1e-8
+from ._handles import launch
 
 
-def check_adasum(process_set: Any, dtypes: list[torch.dtype]) -> None:
-    """Refuse what Horovod's CPU Adasum refuses: a process set other than all ranks, a
-    number of ranks that is not a power of two, a dtype that is not floating."""
-    where = f"rank {rtc.rank()}: Adasum"
-    if process_set is not None and process_set is not rtc.global_process_set:
-        raise NotImplementedError(f"{where} runs over all ranks only, not over "
-                                  f"process set {process_set.ranks}")
-    size = rtc.size()
-    if size & (size - 1):
-        raise NotImplementedError(f"{where} needs a power of 2 ranks, not {size}; use op=Average")
-    for dtype in dtypes:
-        if not dtype.is_floating_point:
-            raise ValueError(f"{where} needs floating-point tensors, got {dtype}")
+def check_adasum(tensors: list[torch.Tensor]) -> None:
+    """Refuse what Horovod's Adasum refuses: non-floating tensors, and GPU tensors on a
+    number of nodes that is not a power of two."""
+    for tensor in tensors:
+        if not tensor.dtype.is_floating_point:
+            raise ValueError(f"rank {rtc.rank()}: Adasum needs floating-point tensors, "
+                             f"got {tensor.dtype}")
+    nodes = rtc.size() // rtc.local_size()
+    if any(t.device.type != "cpu" for t in tensors) and nodes & (nodes - 1):
+        raise NotImplementedError("Running GPU Adasum with non-power of 2 nodes is not "
+                                  "supported yet.")
 
 
-def adasum_parts(tensor: torch.Tensor, output: torch.Tensor | None, key: str | None,
+def adasum_parts(tensors: list[torch.Tensor], in_place: bool, key: str | None,
                  prescale_factor: float, postscale_factor: float,
-                 asynchronous: bool) -> tuple[list[Any], Finish]:
-    """Start the allgather of ``tensor`` (as one row); the finish step combines the rows.
+                 process_set: rtc.ProcessSet | None, asynchronous: bool,
+                 grouped: bool) -> tuple[list[Any], Any]:
+    """Start ringtrain's Adasum allreduce of ``tensors`` (one, or a group with
+    ``grouped``), in place or into new tensors; the finish step gives the output (a
+    list when ``grouped``)."""
+    check_adasum(tensors)
+    hosts = [t.detach().cpu() for t in tensors]
+    if grouped:
+        functions = (rtc.grouped_allreduce_, rtc.grouped_allreduce_async_) if in_place \
+            else (rtc.grouped_allreduce, rtc.grouped_allreduce_async)
+    else:
+        functions = (rtc.allreduce_, rtc.allreduce_async_) if in_place \
+            else (rtc.allreduce, rtc.allreduce_async)
+    part = launch(asynchronous, *functions, hosts if grouped else hosts[0], op=rtc.Adasum,
+                  name=key, prescale_factor=prescale_factor,
+                  postscale_factor=postscale_factor, process_set=process_set)
 
-    ``output`` receives the result when given (in place), else it is a new tensor.
-    """
-    row = tensor.detach().reshape(1, -1)
-    part = launch(asynchronous, rtc.allgather, rtc.allgather_async, row, name=key)
-
-    def finish(results: list[Any]) -> torch.Tensor:
-        vectors = results[0].to(torch.float64)
-        if prescale_factor != 1.0:
-            vectors = vectors * prescale_factor
-        combined = combine(list(vectors))
-        if postscale_factor != 1.0:
-            combined = combined * postscale_factor
-        result = combined.to(tensor.dtype).reshape(tensor.shape)
-        if output is None:
-            return result
-        output.copy_(result)
-        return output
+    def finish(results: list[Any]) -> Any:
+        reduced = list(results[0]) if grouped else [results[0]]
+        outputs = []
+        for tensor, result in zip(tensors, reduced):
+            if in_place:
+                if result.data_ptr() != tensor.data_ptr():  # combined in a host copy
+                    with torch.no_grad():
+                        tensor.copy_(result)
+                outputs.append(tensor)
+            else:
+                outputs.append(result.to(tensor.device))
+        return outputs if grouped else outputs[0]
 
     return [part], finish
-
-
-def combine(vectors: list[torch.Tensor]) -> torch.Tensor:
-    """The binary tree of :func:`pair` over ``vectors`` (a power-of-two count)."""
-    while len(vectors) > 1:
-        vectors = [pair(vectors[i], vectors[i + 1]) for i in range(0, len(vectors), 2)]
-    return vectors[0]
-
-
-def pair(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Adasum of two vectors."""
-    dot = torch.dot(a, b)
-    a_coefficient = _coefficient(dot, torch.dot(a, a))
-    b_coefficient = _coefficient(dot, torch.dot(b, b))
-    return a_coefficient * a + b_coefficient * b
-
-
-def _coefficient(dot: torch.Tensor, norm_squared: torch.Tensor) -> torch.Tensor | float:
-    if norm_squared < _ZERO_NORM:
-        return 1.0
-    return 1.0 - dot / (2.0 * norm_squared)

@@ -14,20 +14,11 @@ from typing import Any
 import torch
 
 from ... import collectives as rtc
-from ._adasum import adasum_parts, check_adasum
+from ._adasum import adasum_parts
 from ._handles import Finish, launch, reserve, start
 
 
-class _AdasumOp:
-    """The Adasum reduction (allreduce only)."""
-
-    name = "Adasum"
-
-    def __repr__(self) -> str:
-        return "ringtrain.horovod.Adasum"
-
-
-Adasum = _AdasumOp()
+Adasum = rtc.Adasum
 
 _INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 Parts = tuple[list[Any], Finish]
@@ -126,9 +117,8 @@ def allreduce_parts(tensor: torch.Tensor, output: torch.Tensor | None, key: str 
                     process_set: rtc.ProcessSet | None, asynchronous: bool) -> Parts:
     """Start the allreduce of ``tensor`` into ``output`` (in place) or a new tensor."""
     if op is Adasum:
-        check_adasum(process_set, [tensor.dtype])
-        return adasum_parts(tensor, output, key, prescale_factor, postscale_factor,
-                            asynchronous)
+        return adasum_parts([tensor], output is not None, key, prescale_factor,
+                            postscale_factor, process_set, asynchronous, grouped=False)
     if not _scaled_here(tensor.dtype, op, prescale_factor, postscale_factor):
         if output is None:
             functions = rtc.allreduce, rtc.allreduce_async
@@ -159,10 +149,8 @@ def grouped_allreduce_parts(tensors: Sequence[torch.Tensor], in_place: bool, key
     """Start the fused allreduce of ``tensors``, in place or into new tensors."""
     tensors = list(tensors)
     if op is Adasum:
-        check_adasum(process_set, [t.dtype for t in tensors])
-        return _combined([adasum_parts(t, t if in_place else None, sub_key(key, i), prescale_factor,
-                                       postscale_factor, asynchronous)
-                          for i, t in enumerate(tensors)])
+        return adasum_parts(tensors, in_place, key, prescale_factor, postscale_factor,
+                            process_set, asynchronous, grouped=True)
     if not any(_scaled_here(t.dtype, op, prescale_factor, postscale_factor) for t in tensors):
         if in_place:
             functions = rtc.grouped_allreduce_, rtc.grouped_allreduce_async_

@@ -8,7 +8,7 @@ way Horovod does is done here, around the ringtrain call:
   factors are applied in float64 and the result truncated back;
 * float16 tensors with scale factors: scaled in float32;
 * grouped allgather and grouped reducescatter: one ringtrain collective per tensor;
-* Adasum: an allgather, then the combination tree on every rank (see ``_adasum``);
+* Adasum: ringtrain's Adasum allreduce, GPU tensors through a host copy (see ``_adasum``);
 * sparse allreduce: allgathers of the indices and the values.
 
 Names: an operation's name is Horovod's, ``"<collective>.<name>"`` (e.g.

@@ -15,7 +15,8 @@ What differs from Horovod (see docs/horovod.md):
   ``sparse_as_dense``, and come back sparse (the rows that are non-zero after the
   reduction).
 * ``op=Adasum`` steps the wrapped optimizer locally and combines the ranks' parameter
-  changes with Adasum (one allgather per dtype; Horovod allreduces each parameter's).
+  changes with ringtrain's Adasum allreduce, one grouped allreduce for all parameters
+  (each parameter with its own coefficients, as Horovod's per-parameter allreduces).
 * A custom compressor must say which ringtrain compressor its buckets use, in a
   ``wire`` attribute.
 """
@@ -30,12 +31,12 @@ from typing import Any
 import torch
 
 from ... import collectives
-from ...collectives.engine import torch_from_host, torch_view
 from ...collectives.errors import UsageError
 from ...kernels.compression import Compressor as WireCompressor
 from .._names import repeated_names
 from ..torch_optimizer import TorchDistributedOptimizer
-from . import _adasum as adasum
+from ._adasum import check_adasum
+from ._operations import grouped_allreduce_now
 from .compression import Compression, Compressor
 from .mpi_ops import Adasum, Average, ProcessSet, global_process_set
 
@@ -94,7 +95,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     _check_groups(groups)
     named = _horovod_names(optimizer, named_parameters)
     if op is Adasum and collectives.size() > 1:
-        adasum.check_adasum(process_set, [p.dtype for _, p in named])
+        check_adasum([p for _, p in named])
     base = _AdasumOptimizer if op is Adasum else _HorovodOptimizer
     cls = _subclass_of(base, type(optimizer))
     return cls(optimizer, named, compression, backward_passes_per_step, op,
@@ -264,26 +265,13 @@ class _AdasumOptimizer(_HorovodOptimizer):
         return []
 
     def _adasum(self, deltas: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Every rank's ``deltas`` combined per tensor with Adasum; one allgather per dtype."""
-        combined: list[torch.Tensor] = list(deltas)
-        by_dtype: dict[torch.dtype, list[int]] = {}
-        for index, delta in enumerate(deltas):
-            by_dtype.setdefault(delta.dtype, []).append(index)
-        for dtype, members in sorted(by_dtype.items(), key=lambda item: str(item[0])):
-            flat = torch.cat([deltas[i].reshape(-1).cpu() for i in members])
-            wire, context = self._compression.compress(flat)
-            name = f"adasum deltas ({dtype})"
-            rows = collectives.allgather(torch_view(wire, "allgather", name).reshape(1, -1),
-                                         name=name, process_set=self.process_set)
-            everyone = self._compression.decompress(torch_from_host(rows), context)
-            offset = 0
-            for i in members:
-                size = deltas[i].numel()
-                vectors = everyone[:, offset:offset + size].double()
-                result = adasum.combine(list(vectors))
-                combined[i] = result.to(deltas[i]).reshape(deltas[i].shape)
-                offset += size
-        return combined
+        """Every rank's ``deltas`` combined per tensor with Adasum (compressed as
+        Horovod's Adasum optimizer does), in one grouped allreduce."""
+        wires, contexts = zip(*[self._compression.compress(d) for d in deltas])
+        combined = grouped_allreduce_now(list(wires), "adasum.deltas", Adasum, 1.0, 1.0,
+                                         self.process_set)
+        return [self._compression.decompress(c, context).to(d)
+                for c, context, d in zip(combined, contexts, deltas)]
 
 
 def _horovod_names(optimizer: torch.optim.Optimizer,
