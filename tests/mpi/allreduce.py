@@ -5,12 +5,14 @@ Run: mpiexec -n K python tests/mpi/allreduce.py [--only SUBSTRING]
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 import ringtrain as rt
-from _harness import (FLOAT_DTYPES, OPS, REDUCE_DTYPES, Digests, all_inputs, assert_equal_arrays,
-                      assert_reduced, check, configured, expect_raises, main, make_input,
-                      noncontiguous_views, reduce_reference, rng)
+from _harness import (FLOAT_DTYPES, INT_DTYPES, OPS, REDUCE_DTYPES, WORLD, Digests,
+                      adasum_reference, all_inputs, assert_equal_arrays, assert_reduced, check,
+                      configured, expect_raises, main, make_input, noncontiguous_views,
+                      reduce_reference, rng)
 
 ALGORITHMS = ["ring", "recursive_doubling", "native", "auto"]
 OWN_ALGORITHMS = ["ring", "recursive_doubling", "auto"]  # ringtrain's own: bit-identical
@@ -391,6 +393,173 @@ def every_algorithm_agrees_with_native():
                     what = label("allreduce", algorithm, op, dtype, shape, " vs native")
                     assert_reduced(y, native.astype(np.float64 if dtype.kind == "f"
                                                     else np.int64), dtype, what)
+
+
+# --------------------------------------------------------------------------- Adasum
+
+ADASUM_DTYPES = [np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32),
+                 np.dtype(np.float64)]
+ADASUM_TOLERANCE = {  # (rtol, atol) against the float64 model of _harness.adasum_reference
+    np.dtype(np.float64): (1e-12, 1e-13),
+    np.dtype(np.float32): (1e-5, 1e-6),
+    np.dtype(np.float16): (2.0 ** -11, 1e-6),
+    np.dtype(ml_dtypes.bfloat16): (2.0 ** -8, 1e-6),
+}
+"""Why these bounds: inputs lie in [-1, 1] and results within a few units of them. The
+halving sums each dot product and norm in float64 over pieces, then over ranks, in
+another order than the model: a relative difference of about n * 2^-53, far below the
+float64 bound. The combination runs in float64 (float64 tensors) or float32 (the others):
+at most 3 levels (4 ranks; the fold for 3) of two products and a sum, each rounded once,
+so float32 results stay within 10 * 2^-24 * 2 ~ 1.2e-6 absolute of the model (atol for
+the values that cancel to near zero), well inside rtol 1e-5. 16-bit results are rounded
+once from that float32 value: half a unit in the last place, 2^-11 (float16) or 2^-8
+(bfloat16) relative."""
+
+
+def assert_adasum(actual: np.ndarray, expected: np.ndarray, dtype: np.dtype, what: str,
+                  scale: float = 1.0) -> None:
+    """``actual`` has ``expected``'s shape, ``dtype`` and values within ADASUM_TOLERANCE
+    (its atol times ``scale``, for results scaled up by a postscale)."""
+    assert isinstance(actual, np.ndarray) and actual.dtype == dtype, \
+        f"{what}: got {type(actual).__name__} of {getattr(actual, 'dtype', None)}"
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape}, not {expected.shape}"
+    rtol, atol = ADASUM_TOLERANCE[np.dtype(dtype)]
+    atol *= scale
+    values = actual.astype(np.float64)
+    bad = np.argwhere(~np.isclose(values, expected, rtol=rtol, atol=atol))
+    assert not bad.size, (f"{what}: {len(bad)} of {actual.size} values beyond rtol={rtol} "
+                          f"atol={atol}; first at {tuple(bad[0])}: {values[tuple(bad[0])]!r}, "
+                          f"model {expected[tuple(bad[0])]!r}")
+
+
+def adasum_input(rank: int, shape: tuple[int, ...], dtype: np.dtype, *key: object) -> np.ndarray:
+    """Uniform in [-1, 1], made in float32 for bfloat16 (make_input knows numpy's dtypes)."""
+    made = make_input(rank, shape, np.float32 if dtype == ml_dtypes.bfloat16 else dtype, None,
+                      "adasum", *key)
+    return made.astype(dtype)
+
+
+@check
+def adasum_equals_the_model():
+    """Every form, every floating dtype, sizes that do not split evenly, against the model;
+    the same bytes on every rank; inputs left alone out of place."""
+    k, me = rt.size(), rt.rank()
+    digests = Digests()
+    for dtype in ADASUM_DTYPES:
+        for shape in [(1,), (7,), (1000,), (3, 5), (0,)]:
+            inputs = [adasum_input(r, shape, dtype) for r in range(k)]
+            expected = adasum_reference(inputs)
+            for form in ("allreduce", "allreduce_", "allreduce_async", "allreduce_async_"):
+                what = f"{form}(Adasum, {dtype.name}, {shape})"
+                x = inputs[me].copy()
+                result = getattr(rt, form)(x, rt.Adasum, name="adasum")
+                if "async" in form:
+                    result = rt.synchronize(result)
+                assert_adasum(result, expected, dtype, what)
+                if form.endswith("_"):
+                    assert result is x, f"{what}: in place returned a new array"
+                else:
+                    assert_equal_arrays(x, inputs[me], f"{what}: input after the call")
+                digests.add(what, result)
+    digests.verify()
+
+
+@check
+def adasum_grouped_each_tensor_on_its_own():
+    """A grouped Adasum gives each tensor the Adasum of its own values (its own dot
+    products), whatever else is fused with it."""
+    k, me = rt.size(), rt.rank()
+    specs = [(np.dtype(np.float32), (7,)), (np.dtype(np.float64), (1000,)),
+             (np.dtype(np.float32), (3, 5)), (np.dtype(ml_dtypes.bfloat16), (13,)),
+             (np.dtype(np.float16), (1,)), (np.dtype(np.float32), (0,))]
+    everyone = [[adasum_input(r, shape, dtype, "grouped", i)
+                 for i, (dtype, shape) in enumerate(specs)] for r in range(k)]
+    expected = [adasum_reference(list(column)) for column in zip(*everyone)]
+    digests = Digests()
+    for form in ("grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+                 "grouped_allreduce_async_"):
+        tensors = [t.copy() for t in everyone[me]]
+        result = getattr(rt, form)(tensors, rt.Adasum, name="adasum-group")
+        if "async" in form:
+            result = rt.synchronize(result)
+        for i, ((dtype, shape), got, want) in enumerate(zip(specs, result, expected)):
+            what = f"{form}(Adasum) tensor {i} {dtype.name} {shape}"
+            assert_adasum(got, want, dtype, what)
+            if form.endswith("_"):
+                assert got is tensors[i], f"{what}: in place returned a new array"
+            digests.add(what, got)
+    digests.verify()
+
+
+@check
+def adasum_scaled_and_with_a_zero_vector():
+    """prescale and postscale (Adasum is homogeneous: adasum(s a, s b) = s adasum(a, b));
+    a zero vector on rank 0 takes coefficient 1, as Horovod's."""
+    k, me = rt.size(), rt.rank()
+    for dtype in ADASUM_DTYPES:
+        for n in (7, 1000):
+            inputs = [adasum_input(r, (n,), dtype, "scaled") for r in range(k)]
+            prescaled = [(x.astype(np.float64) * 0.5).astype(dtype) for x in inputs]
+            expected = 3.0 * adasum_reference(prescaled)
+            result = rt.allreduce(inputs[me], rt.Adasum, name="scaled", prescale_factor=0.5,
+                                  postscale_factor=3.0)
+            assert_adasum(result, expected, dtype, f"scaled Adasum {dtype.name} n={n}",
+                          scale=3.0)
+            zeros = [np.zeros(n, dtype)] + inputs[1:]
+            result = rt.allreduce(zeros[me], rt.Adasum, name="zero")
+            assert_adasum(result, adasum_reference(zeros), dtype,
+                          f"Adasum with a zero vector on rank 0, {dtype.name} n={n}")
+    if k == 1:
+        return
+    same = np.full(5, 2.5)  # adasum(a, a) = a
+    assert_adasum(rt.allreduce(same, rt.Adasum), same, same.dtype, "Adasum of equal vectors")
+    unit = np.eye(k)[me]  # orthogonal vectors add up
+    assert_adasum(rt.allreduce(unit, rt.Adasum), np.ones(k), unit.dtype,
+                  "Adasum of orthogonal vectors")
+
+
+@check
+def adasum_on_process_sets():
+    """A set of the even ranks and one of all ranks but 0 (3 ranks at 4: the fold)."""
+    k, me = rt.size(), rt.rank()
+    for members in ([r for r in range(k) if r % 2 == 0], [r for r in range(1, k)]):
+        if not members:
+            continue
+        ps = rt.add_process_set(members)
+        try:
+            if me in members:
+                inputs = [adasum_input(r, (7 * k + 3,), np.dtype(np.float32), "sets")
+                          for r in members]
+                result = rt.allreduce(inputs[members.index(me)], rt.Adasum, name="set",
+                                      process_set=ps)
+                assert_adasum(result, adasum_reference(inputs), np.dtype(np.float32),
+                              f"Adasum on process set {members}")
+            everyone = WORLD.allgather(result.tobytes() if me in members else None)
+            assert len({everyone[r] for r in members}) == 1, \
+                f"Adasum on process set {members}: the members' result bytes differ"
+        finally:
+            rt.remove_process_set(ps)
+
+
+@check
+def adasum_refusals_name_the_tensor():
+    """Refused before anything is sent, on every rank alike; the library works after."""
+    for dtype in INT_DTYPES:
+        error = expect_raises(rt.UnsupportedDtypeError, rt.allreduce, np.ones(3, dtype),
+                              rt.Adasum, name="ints", match=["'ints'", "Adasum", dtype.name])
+        assert isinstance(error, TypeError)
+    expect_raises(rt.UnsupportedDtypeError, rt.grouped_allreduce,
+                  [np.ones(3, np.float32), np.ones(2, np.int32)], rt.Adasum, name="mixed",
+                  match=["'mixed'", "Adasum", "int32"])
+    expect_raises(rt.InvalidArgumentError, rt.allreduce, np.ones(3, np.float32), rt.Adasum,
+                  name="fp16", compression=rt.Compression.fp16, match=["'fp16'", "Adasum"])
+    expect_raises(rt.InvalidArgumentError, rt.allreduce, np.ones(3, np.float32), rt.Adasum,
+                  name="ring", algorithm="ring", match=["'ring'", "Adasum", "algorithm"])
+    expect_raises(rt.InvalidArgumentError, rt.reducescatter, np.ones(4, np.float32),
+                  rt.Adasum, name="rs", match=["'rs'", "Adasum"])
+    assert rt.allreduce(np.ones(3), "adasum", name="by name").tolist() == [1.0, 1.0, 1.0]
+    total = rt.allreduce(np.ones(5), rt.Sum, name="after")
+    assert_equal_arrays(total, np.full(5, float(rt.size())), "Sum after refused Adasum calls")
 
 
 if __name__ == "__main__":
