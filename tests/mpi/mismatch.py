@@ -214,6 +214,15 @@ def op_mismatch():
     expect_mismatch(lambda: rt.reducescatter(np.ones(10, np.float32), op_of[mine(ops)],
                                              name="o"),
                     collective="reducescatter", name="o", differences={"op": ops})
+    # Adasum runs its own algorithm: the signature says so too
+    adasum = last_differs("Sum", "Adasum")
+    for size, algorithm in ((8, "recursive_doubling"), (100_000, "ring")):
+        error = expect_mismatch(
+            lambda: rt.allreduce(np.ones(size, np.float32), mine(adasum), name="a",
+                                 algorithm=None if mine(adasum) == "Adasum" else algorithm),
+            collective="allreduce", name="a",
+            differences={"op": adasum, "algorithm": last_differs(algorithm, "adasum")})
+        assert f"rank {rt.size() - 1} sent op 'Adasum'" in str(error)
     library_still_works()
 
 
