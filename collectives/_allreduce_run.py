@@ -16,6 +16,7 @@ from ._memory import HOST, HostMemory
 from ._placement import memory_for
 from ._ops import ReduceOp
 from ._plans import AllreducePlan, GroupedCall
+from ._adasum import working_dtype
 from ._selection import ADASUM
 from ._topology import HIERARCHICAL, NodeLayout
 from ._tracing import phase
@@ -143,9 +144,11 @@ def reduce_grouped(grouped: GroupedCall, collective: str, name: str | None,
                               value_range, grouped.settings.segment_bytes, name)
             unpack_scale = 1.0
         elif op is ReduceOp.Adasum:  # each tensor (its zero padding after it) on its own
-            memory.reduce(group, ADASUM, buffer, buffer, op, None, None,
+            memory.reduce(group, ADASUM, buffer, buffer, op, None,
+                          finisher(1, postscale_factor, working_dtype(dtype)),
                           grouped.settings.segment_bytes, None, grouped.layout,
                           [*fusion.offsets.tolist(), fusion.total_size])
+            unpack_scale = 1.0  # applied before the result was rounded
         else:
             memory.reduce(group, grouped.chosen[dtype], memory.settled(buffer), buffer, op,
                           reducer(op.value, dtype), finisher(divisor, 1.0, dtype),

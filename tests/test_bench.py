@@ -90,6 +90,10 @@ def test_parsing_device_options_imports_no_gpu_library():
     (["allreduce", "--device", "cuda", "--device-library", "jax"], "invalid choice"),
     (["allreduce", "-n", "0"], "--iters"),
     (["gather"], "invalid choice"),
+    (["reducescatter", "-o", "adasum"], "-o adasum measures allreduce"),
+    (["allreduce", "-o", "adasum", "-d", "int32"], "-o adasum measures allreduce"),
+    (["allreduce", "-o", "adasum", "--compression", "fp16"], "-o adasum measures allreduce"),
+    (["allreduce", "-o", "adasum", "--algo", "ring,native"], "runs its own algorithm"),
 ])
 def test_bad_arguments_exit_with_status_2_and_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -138,6 +142,17 @@ def test_check_input_makes_every_reduction_exact_in_every_dtype():
         assert all(np.all(v == cases.check_input(r, 1000, np.int8, op))
                    for r, v in enumerate(values))
     assert cases.check_input(3, 4, np.int8, "prod").max() <= 2
+
+
+def test_adasum_check_inputs_are_orthogonal_so_their_adasum_is_their_sum():
+    """Rank r fills only the elements i with i % ranks == r: every partial result of the
+    tree stays orthogonal to the others, so Adasum equals MPI's sum (the baseline)."""
+    assert parse_options(["allreduce", "-o", "adasum"]).algorithms == ("auto", "native")
+    for ranks in (1, 2, 3, 4):
+        inputs = np.array([cases.check_input(r, 1001, np.float32, "adasum", ranks)
+                           for r in range(ranks)])
+        assert np.all(np.count_nonzero(inputs, axis=0) == 1)
+        assert np.all(inputs.sum(axis=0) >= 1)
 
 
 # --------------------------------------------------------------------------- output

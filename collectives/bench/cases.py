@@ -31,8 +31,10 @@ BUS_FACTORS: dict[str, Callable[[int], float]] = {
 PARTITIONED = ("allgather", "reducescatter", "alltoall")
 
 RINGTRAIN_OPS = {"sum": rt.Sum, "prod": rt.Product, "max": rt.Max, "min": rt.Min,
-                 "avg": rt.Average}
-MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN, "avg": MPI.SUM}
+                 "avg": rt.Average, "adasum": rt.Adasum}
+MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN, "avg": MPI.SUM,
+           "adasum": MPI.SUM}
+"""MPI has no Adasum: the baseline of ``-o adasum`` is MPI's sum of the same buffer."""
 
 Call = Callable[[], Any]
 """One call of a collective; returns its result (a numpy array, or a device array)."""
@@ -83,13 +85,19 @@ def element_count(collective: str, nbytes: int, itemsize: int, ranks: int) -> in
     return count
 
 
-def check_input(rank: int, count: int, dtype: np.dtype, op: str) -> np.ndarray:
+def check_input(rank: int, count: int, dtype: np.dtype, op: str, ranks: int = 1) -> np.ndarray:
     """Rank ``rank``'s values for the correctness check: small integers, so sums,
-    products, minima and maxima over a few ranks are exact in every datatype."""
+    products, minima and maxima over a few ranks are exact in every datatype. For
+    ``adasum``, rank r of ``ranks`` fills only the elements i with i % ranks == r: the
+    vectors (and the partial results of the tree) are orthogonal, so their Adasum is
+    their sum, which MPI's sum also gives."""
     index = np.arange(count)
     if op == "prod":
         return ((rank + index) % 2 + 1).astype(dtype)
-    return ((rank * 7 + index) % 5 + 1).astype(dtype)
+    values = (rank * 7 + index) % 5 + 1
+    if op == "adasum":
+        values = values * (index % ranks == rank)
+    return values.astype(dtype)
 
 
 class Case:
@@ -106,7 +114,7 @@ class Case:
         self.part = self.count // self.ranks
         send_count = self.part if options.collective == "allgather" else self.count
         out_count = self.part if options.collective == "reducescatter" else self.count
-        self.send = check_input(self.rank, send_count, options.dtype, options.op)
+        self.send = check_input(self.rank, send_count, options.dtype, options.op, self.ranks)
         self.out = np.zeros(out_count, options.dtype)
         self.work = self._timing_values(self.send)
         self.compression = getattr(rt.Compression, options.compression)
@@ -122,8 +130,8 @@ class Case:
 
     def _timing_values(self, send: np.ndarray) -> np.ndarray:
         # In place, a buffer is reduced again and again: values that the op maps to
-        # themselves keep it from overflowing.
-        if self.options.op in ("sum", "avg"):
+        # themselves keep it from overflowing (adasum's baseline is MPI's sum).
+        if self.options.op in ("sum", "avg", "adasum"):
             return np.zeros_like(send)
         if self.options.op == "prod":
             return np.ones_like(send)
@@ -223,12 +231,12 @@ class Case:
         if o.collective == "allgather":
             return np.concatenate([check_input(r, self.part, np.float64, o.op)
                                    for r in range(ranks)])
-        inputs = np.array([check_input(r, self.count, np.float64, o.op)
+        inputs = np.array([check_input(r, self.count, np.float64, o.op, ranks)
                            for r in range(ranks)]).reshape(ranks, self.count)
         if o.collective == "alltoall":
             return inputs[:, rank * self.part:(rank + 1) * self.part].reshape(-1)
         reduced = {"sum": np.sum, "avg": np.sum, "prod": np.prod, "max": np.max,
-                   "min": np.min}[o.op](inputs, axis=0)
+                   "min": np.min, "adasum": np.sum}[o.op](inputs, axis=0)
         if o.op == "avg":
             reduced = reduced / ranks
         if o.collective == "reducescatter":

@@ -25,7 +25,7 @@ DATATYPES = {
 }
 """Datatype names: nccl-tests' and numpy's (bfloat16 is ``ml_dtypes.bfloat16``)."""
 
-OPS = ("sum", "prod", "max", "min", "avg")
+OPS = ("sum", "prod", "max", "min", "avg", "adasum")
 REDUCING = ("allreduce", "reducescatter")
 
 AUTO_ROUND_BYTES = 32 << 20
@@ -33,6 +33,10 @@ AUTO_ITERATIONS = (20, 2000)
 
 NATIVE = "native"
 """The MPI library's own collective, called directly through mpi4py: the baseline."""
+
+ADASUM_ALGORITHMS = ("auto", NATIVE)
+"""What ``-o adasum`` measures: ringtrain's Adasum (its own algorithm, asked as ``auto``)
+and MPI's sum of the same buffer as the baseline (MPI has no Adasum)."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
                         help="check results after timing (default 1)")
     parser.add_argument("-d", "--datatype", choices=sorted(DATATYPES), default="float")
-    parser.add_argument("-o", "--op", choices=OPS, default="sum")
+    parser.add_argument("-o", "--op", choices=OPS, default="sum",
+                        help="reduction (default sum); adasum: allreduce only, with MPI's "
+                             "sum of the same buffer as the native baseline")
     parser.add_argument("-r", "--root", type=int, default=0, help="broadcast root")
     parser.add_argument("--algo", default="auto,native",
                         help="comma-separated algorithms (auto, ring, recursive_doubling, "
@@ -170,6 +176,15 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     dtype = np.dtype(DATATYPES[arguments.datatype])
     if arguments.collective in REDUCING and arguments.op == "avg" and not is_floating(dtype):
         parser.error(f"avg needs a floating datatype, got {arguments.datatype}")
+    if arguments.op == "adasum":
+        if arguments.collective != "allreduce" or not is_floating(dtype) or \
+                arguments.compression != "none" or arguments.device != "cpu":
+            parser.error("-o adasum measures allreduce of a floating datatype on host "
+                         "buffers, without compression")
+        if any(a not in ADASUM_ALGORITHMS for a in algorithms):
+            parser.error(f"-o adasum runs its own algorithm: --algo takes "
+                         f"{' and '.join(ADASUM_ALGORITHMS)} (MPI's sum, the baseline), got "
+                         f"{arguments.algo!r}")
     compressible = arguments.collective == "allreduce" and dtype == np.float32
     if arguments.compression != "none" and not compressible:
         parser.error("--compression applies to allreduce of float32 (-d float)")

@@ -505,6 +505,14 @@ def adasum_scaled_and_with_a_zero_vector():
                                   postscale_factor=3.0)
             assert_adasum(result, expected, dtype, f"scaled Adasum {dtype.name} n={n}",
                           scale=3.0)
+            grouped = rt.grouped_allreduce([inputs[me], inputs[me][:n // 2]], rt.Adasum,
+                                           name="scaled-group", prescale_factor=0.5,
+                                           postscale_factor=3.0)
+            halves = 3.0 * adasum_reference([x[:n // 2] for x in prescaled])
+            assert_adasum(grouped[0], expected, dtype, f"scaled grouped {dtype.name} n={n}",
+                          scale=3.0)
+            assert_adasum(grouped[1], halves, dtype, f"scaled grouped half {dtype.name} n={n}",
+                          scale=3.0)
             zeros = [np.zeros(n, dtype)] + inputs[1:]
             result = rt.allreduce(zeros[me], rt.Adasum, name="zero")
             assert_adasum(result, adasum_reference(zeros), dtype,

@@ -267,6 +267,8 @@ class _AdasumOptimizer(_HorovodOptimizer):
     def _adasum(self, deltas: list[torch.Tensor]) -> list[torch.Tensor]:
         """Every rank's ``deltas`` combined per tensor with Adasum (compressed as
         Horovod's Adasum optimizer does), in one grouped allreduce."""
+        if not deltas:
+            return []
         wires, contexts = zip(*[self._compression.compress(d) for d in deltas])
         combined = grouped_allreduce_now(list(wires), "adasum.deltas", Adasum, 1.0, 1.0,
                                          self.process_set)
