@@ -33,8 +33,9 @@ adasum(v2, v3)), adasum(v4, v5)).
 Cost, n bytes: level k sends n/2^(k+1) bytes and reduces 3 numbers over 2^(k+1) ranks
 (k+1 messages of 24 bytes per tensor): lg(p2)*alpha + (p2-1)/p2*n*beta for the halving,
 the same for the allgather, sum_k (k+1)*alpha for the scalars, plus 2*(alpha + n*beta)
-for the fold. 16-bit tensors travel and combine in float32 (twice their bytes) until the
-result is rounded once; each element of the result is computed on one rank and copied
+for the fold. Each combination computes in float64 and stores in the working precision:
+float64 for float64 tensors, float32 for the others, so 16-bit tensors travel and combine
+in float32 (twice their bytes) until the result is rounded once; each element of the result is computed on one rank and copied
 to the others, so every rank ends with the same bytes.
 """
 
@@ -44,6 +45,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..kernels.adasum import dot_and_norms, scaled_add
 from ._group import Group
 from ._recursive_doubling import unfolded_rank
 from ._tracing import phase
@@ -186,7 +188,7 @@ def _block_sum(group: Group, new_rank: int, block: int, rem: int) -> SumOver:
 def _combine(mine: np.ndarray, other: np.ndarray, offset: int, mine_is_a: bool,
              tensors: list[tuple[int, int]], sum_over: SumOver | None) -> None:
     """Replace ``mine`` (elements ``offset`` on of this rank's vector) by its Adasum with
-    ``other`` (the same elements of the partner's); ``other`` is overwritten.
+    ``other`` (the same elements of the partner's).
 
     ``sum_over`` sums the per-tensor a.b, |a|^2, |b|^2 over the ranks holding the other
     pieces of the same two vectors (None: these are the whole vectors).
@@ -197,19 +199,15 @@ def _combine(mine: np.ndarray, other: np.ndarray, offset: int, mine_is_a: bool,
     sums = np.zeros((len(pieces), 3))  # every tensor's row, so all ranks send as many
     for row, (lo, hi) in enumerate(pieces):
         if lo < hi:
-            a = a_values[lo:hi].astype(np.float64, copy=False)
-            b = b_values[lo:hi].astype(np.float64, copy=False)
-            sums[row] = (a @ b, a @ a, b @ b)
+            sums[row] = dot_and_norms(a_values[lo:hi], b_values[lo:hi])
     if sum_over is not None:
         sum_over(sums.reshape(-1))
-    scalar = mine.dtype.type
     for (lo, hi), (dot, norm_a, norm_b) in zip(pieces, sums):
         if lo >= hi:
             continue
         norm_mine, norm_other = (norm_a, norm_b) if mine_is_a else (norm_b, norm_a)
-        mine[lo:hi] *= scalar(_coefficient(dot, norm_mine))
-        other[lo:hi] *= scalar(_coefficient(dot, norm_other))
-        mine[lo:hi] += other[lo:hi]
+        scaled_add(mine[lo:hi], _coefficient(dot, norm_mine), other[lo:hi],
+                   _coefficient(dot, norm_other))
 
 
 def _coefficient(dot: float, norm_squared: float) -> float:
