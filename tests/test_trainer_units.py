@@ -114,3 +114,14 @@ def test_importing_the_trainer_imports_neither_mpi_nor_torch():
             "assert 'mpi4py' not in sys.modules and 'torch' not in sys.modules, "
             "sorted(m for m in ('mpi4py', 'torch') if m in sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("op", ["adasum", "Adasum", "ADASUM"])
+def test_gradient_buckets_refuse_adasum_before_anything_is_sent(op):
+    """Adasum combines whole parameter changes, not buckets of gradients: refused up front
+    (by name or as ringtrain.Adasum), pointing to ringtrain.horovod's optimizer."""
+    from ringtrain.collectives import Adasum
+    from ringtrain.trainer.gradient_reducer import GradientReducer
+    for given in (op, Adasum):
+        with pytest.raises(InvalidArgumentError, match="ringtrain.horovod.DistributedOptimizer"):
+            GradientReducer([("w", np.zeros(3, np.float32))], op=given)
