@@ -919,3 +919,22 @@ print("cached")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0 and result.stdout.strip() == "cached", result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("size", [0, 1, 7, 1000])
+def test_adasum_kernels_accumulate_and_combine_in_float64(dtype, size):
+    """Sums in float64 (float32 inputs exact in it: within n·2^-53 of numpy's float64 dot);
+    the combination computed in float64 and rounded once, so it equals numpy's float64
+    arithmetic rounded to the dtype."""
+    from ringtrain.kernels.adasum import dot_and_norms, scaled_add
+    g = np.random.default_rng(size)
+    a = g.uniform(-1, 1, size).astype(dtype)
+    b = g.uniform(-1, 1, size).astype(dtype)
+    wide_a, wide_b = a.astype(np.float64), b.astype(np.float64)
+    expected = (wide_a @ wide_b, wide_a @ wide_a, wide_b @ wide_b)
+    assert np.allclose(dot_and_norms(a, b), expected, rtol=1e-13, atol=1e-13)
+    combined = a.copy()
+    scaled_add(combined, 0.75, b, 1.25)
+    assert np.array_equal(combined, (0.75 * wide_a + 1.25 * wide_b).astype(dtype))
+    assert combined.dtype == dtype
