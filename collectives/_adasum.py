@@ -35,8 +35,9 @@ Cost, n bytes: level k sends n/2^(k+1) bytes and reduces 3 numbers over 2^(k+1) 
 the same for the allgather, sum_k (k+1)*alpha for the scalars, plus 2*(alpha + n*beta)
 for the fold. Each combination computes in float64 and stores in the working precision:
 float64 for float64 tensors, float32 for the others, so 16-bit tensors travel and combine
-in float32 (twice their bytes) until the result is rounded once; each element of the result is computed on one rank and copied
-to the others, so every rank ends with the same bytes.
+in float32 (twice their bytes) until the result is rounded once. Each element of the
+result is computed on one rank and copied to the others, so every rank ends with the same
+bytes.
 """
 
 from __future__ import annotations
