@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels import Compressor, FusionLayout, reducer
-from ._agreement import Call
+from ._agreement import PAYLOAD_CAPACITY, Call
 from ._checks import active_compressor, check_compression, check_reduction
 from ._data_phase import Finisher, finisher
 from ._memory import AWARE, IPC, STAGED, goes_direct
@@ -46,10 +46,12 @@ class AllreducePlan:
         combine: reduces two ranks' values in the wire format.
         finish: turns the sum into the result (None when nothing is to do).
         wire: the host plan's own buffer for the compressed values.
+        carried: the data travels in the agreement's messages (small host arrays
+            reduced by recursive doubling).
     """
 
     __slots__ = ("group", "settings", "op", "algorithm", "call", "finish", "combine",
-                 "compressor", "wire", "layout", "memory")
+                 "compressor", "wire", "layout", "memory", "carried")
 
     def __init__(self, array: Any, op: Any, name: str | None, prescale_factor: float,
                  postscale_factor: float, process_set: ProcessSet | None,
@@ -88,6 +90,8 @@ class AllreducePlan:
                                self.compressor.encoding if self.compressor else None)
         self.wire = np.empty(array.size, wire_dtype) \
             if self.compressor and not self.memory else None
+        self.carried = self.memory is None and self.compressor is None and \
+            self.algorithm == "recursive_doubling" and array.nbytes <= PAYLOAD_CAPACITY
 
 
 _plans: dict[tuple, AllreducePlan] = {}
