@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from . import _hierarchical, _native, _ring
-from ._agreement import Call, agree
+from ._agreement import BYTES, PAYLOAD_CAPACITY, Call, agree, agree_carrying
 from ._buffers import device_tensor, results_like
 from ._calls import collective_call
 from ._checks import flat, input_array
@@ -18,7 +18,7 @@ from ._memory import AWARE, HOST, HostMemory, goes_direct
 from ._placement import memory_for, staged
 from ._ops import COPY_DTYPES, check_dtype
 from ._process_sets import ProcessSet, resolve_group
-from ._selection import simple_algorithm
+from ._selection import allgather_algorithm
 from ._topology import NodeLayout, hierarchy_for, layout_of
 from .config import current_settings
 
@@ -56,8 +56,10 @@ def allgather_async(tensor: np.ndarray, name: str | None = None,
 
 def gather_rows(group: Group, rows: Any, row_shape: tuple[int, ...], algorithm: str,
                 layout: NodeLayout | None = None, segment_bytes: int = 0,
-                memory: HostMemory = HOST, like: Any = None) -> tuple[Any, np.ndarray]:
-    """The data phase of an allgather, after agreement: exchange row counts, then rows.
+                memory: HostMemory = HOST, like: Any = None,
+                counts: np.ndarray | None = None) -> tuple[Any, np.ndarray]:
+    """The data phase of an allgather, after agreement: exchange row counts (unless
+    ``counts`` gives every rank's already), then rows.
 
     ``rows`` is a host array or, for ``native`` only, the memory of device tensor
     ``like`` (whose kind the output takes) with its ``memory``. ``hierarchical`` needs
@@ -68,8 +70,9 @@ def gather_rows(group: Group, rows: Any, row_shape: tuple[int, ...], algorithm: 
     """
     described = rows if like is None else like
     dtype, shape = np.dtype(described.dtype), tuple(described.shape)
-    counts = np.empty(group.size, np.int64)
-    group.comm.Allgather(np.array([shape[0] if shape else 1], np.int64), counts)
+    if counts is None:
+        counts = np.empty(group.size, np.int64)
+        group.comm.Allgather(np.array([shape[0] if shape else 1], np.int64), counts)
     output = memory.new(described, (int(counts.sum()), *row_shape))
     row_bytes = dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
     sizes = (counts * row_bytes).tolist()
@@ -107,12 +110,16 @@ def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
                     memory=AWARE, **{"shape[1:]": row_shape})
     else:
         memory, rows = HOST, array.reshape(1) if array.ndim == 0 else array
-        chosen = simple_algorithm("allgather", algorithm, settings, name)
+        row_bytes = array.dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
+        chosen = allgather_algorithm(algorithm, row_bytes * group.size, settings, name)
         layout = layout_of(group, settings)
         extra = {"layout": layout.describe(), "segment_bytes": settings.segment_bytes} \
             if chosen == "hierarchical" else {}
         call = Call(collective="allgather", name=name, dtype=array.dtype,
                     algorithm=chosen, **{"shape[1:]": rows.shape[1:]}, **extra)
+
+    if chosen == "recursive_doubling":
+        return lambda: _carried(group, call, rows, row_shape)
 
     def run() -> Any:
         with memory.entered(*([] if on_device is None else [on_device])):
@@ -121,3 +128,36 @@ def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
                                memory, on_device)[0]
 
     return run
+
+
+def _carried(group: Group, call: Call, rows: np.ndarray,
+             row_shape: tuple[int, ...]) -> np.ndarray:
+    """A small allgather in the agreement's own messages.
+
+    The payload holds every rank's row count, then, when they fit, room for every
+    rank's rows as if all ranks had as many as this one: each rank fills its count and
+    its rows and zeros elsewhere, and the ranks combine by bitwise or. When every count
+    is the same (the usual case), every rank made the same choice and the rows have
+    arrived; otherwise the ranks, all knowing every count now, gather the rows with the
+    ring (the payloads, of different lengths, are not used).
+    """
+    size, rank = group.size, group.rank
+    count_bytes = 8 * size
+    mine = rows.nbytes
+    rows_bytes = flat(rows).view(np.uint8)
+    fits = count_bytes + size * mine <= PAYLOAD_CAPACITY
+
+    def fill(data: np.ndarray) -> None:
+        data.fill(0)
+        data[:count_bytes].view(np.int64)[rank] = rows.shape[0]
+        if fits:
+            data[count_bytes + rank * mine:count_bytes + (rank + 1) * mine] = rows_bytes
+
+    received = agree_carrying(group, call, BYTES, count_bytes + (size * mine if fits else 0),
+                              fill, np.bitwise_or)
+    counts = received[:count_bytes].view(np.int64)
+    if fits and (counts == rows.shape[0]).all():
+        output = np.empty((rows.shape[0] * size, *row_shape), rows.dtype)
+        output.reshape(-1).view(np.uint8)[:] = received[count_bytes:]
+        return output
+    return gather_rows(group, rows, row_shape, "ring", counts=counts.copy())[0]

@@ -8,8 +8,11 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from ..kernels import Compressor, FusionLayout, abs_max, pack, reducer, unpack
-from ._agreement import PAYLOAD_CAPACITY, ValueRange, agree
+from ..kernels.host import scale_into
+from ._agreement import ValueRange, agree, agree_carrying
 from ._data_phase import finisher, hierarchical_wire, reduce_hierarchical
 from ._group import Group
 from ._memory import HOST, HostMemory
@@ -31,6 +34,15 @@ def reduce_planned(plan: AllreducePlan, collective: str, name: str | None, sourc
     Host arrays, or device memory on GPU ``ordinal`` (made current by the caller) as the
     plan's ``memory`` says. The scale factors must be those the plan was made with.
     """
+    if plan.carried:
+        combined = agree_carrying(plan.group, plan.call, source.dtype, source.size,
+                                  lambda data: scale_into(source, prescale_factor, data),
+                                  plan.combine)
+        if plan.finish is None:
+            np.copyto(result, combined)
+        else:
+            plan.finish.into(combined, result)
+        return
     memory = memory_for(plan.memory, ordinal)
     if plan.compressor is not None:
         local_max, nonfinite = abs_max(source) if plan.compressor.needs_range \
@@ -42,12 +54,6 @@ def reduce_planned(plan: AllreducePlan, collective: str, name: str | None, sourc
         reduce_compressed(memory, plan.group, plan.algorithm, plan.layout, plan.compressor,
                           source, result, prescale_factor, postscale_factor, plan.op,
                           value_range, plan.settings.segment_bytes, name, plan.wire)
-    elif memory is HOST and plan.algorithm == "recursive_doubling" and \
-            source.nbytes <= PAYLOAD_CAPACITY:
-        agree(plan.group, plan.call, payload=source, combine=plan.combine, result=result,
-              prescale_factor=prescale_factor)
-        if plan.finish is not None:
-            plan.finish(result)
     else:
         agree(plan.group, plan.call)
         start = memory.scaled(source, prescale_factor, result)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from . import _broadcast_algorithms, _hierarchical, _native
-from ._agreement import Call, agree
+from ._agreement import BYTES, PAYLOAD_CAPACITY, Call, agree, agree_carrying
 from ._buffers import device_tensor, results_like, returns_itself
 from ._calls import collective_call
 from ._checks import flat, in_place_array, input_array, root_in_group
@@ -92,7 +92,9 @@ def broadcast_bytes(group: Group, data: Any, root: int, algorithm: str,
                                 segment_bytes)
     elif algorithm == "pipeline":
         _broadcast_algorithms.pipeline(group, data, root, segment_bytes)
-    elif algorithm == "binomial":
+    elif algorithm in ("binomial", "recursive_doubling"):
+        # recursive_doubling rides in the agreement (see _carried); data that follows
+        # an agreement, as an object's, goes down the tree.
         _broadcast_algorithms.binomial(group, data, root)
     else:
         _native.broadcast(group, memory.for_mpi(data, np.uint8), root, nbytes,
@@ -133,6 +135,9 @@ def _prepare(tensor: Any, root_rank: Any, name: str | None, process_set: Process
                        if hierarchical else {}))
         source, owner = array, array
 
+    if chosen == "recursive_doubling" and array.nbytes <= PAYLOAD_CAPACITY:
+        return lambda: _carried(group, call, array, root, in_place)
+
     def run() -> Any:
         with memory.entered(*([] if on_device is None else [on_device])):
             agree(group, call)
@@ -150,3 +155,18 @@ def _prepare(tensor: Any, root_rank: Any, name: str | None, process_set: Process
             return output
 
     return run
+
+
+def _carried(group: Group, call: Call, array: np.ndarray, root: int, in_place: bool) -> Any:
+    """A small broadcast in the agreement's own messages: the root's bytes or'ed with
+    the others' zeros."""
+    def fill(data: np.ndarray) -> None:
+        if group.rank == root:
+            np.copyto(data, flat(array).view(np.uint8))
+        else:
+            data.fill(0)
+
+    received = agree_carrying(group, call, BYTES, array.nbytes, fill, np.bitwise_or)
+    output = array if in_place else np.empty(array.shape, array.dtype)
+    output[...] = received.view(array.dtype).reshape(array.shape)
+    return output

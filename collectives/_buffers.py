@@ -232,12 +232,16 @@ def _is_simulated_device_array(value: Any) -> bool:
 def results_like(tensor: Any) -> Restore | None:
     """How an out-of-place call returns its results to a caller who passed ``tensor``
     (or a list of them): None for numpy and device tensors, torch tensors for torch."""
+    if isinstance(tensor, np.ndarray):
+        return None
     first = tensor[0] if isinstance(tensor, Sequence) and len(tensor) else tensor
     return _as_torch if is_torch_tensor(first) else None
 
 
 def returns_itself(tensor: Any) -> Restore | None:
     """How an in-place call returns: the caller's own tensor (or list of them)."""
+    if isinstance(tensor, np.ndarray):
+        return None
     first = tensor[0] if isinstance(tensor, Sequence) and len(tensor) else tensor
     if not is_torch_tensor(first):
         return None

@@ -102,6 +102,11 @@ def _restored(body: Callable[[], Any], restore: Restore) -> Callable[[], Any]:
 
 def _guarded(collective: str, name: str | None, body: Callable[[], Any]) -> Any:
     line = timeline.ACTIVE
+    if line is None and not LOGGER.isEnabledFor(logging.DEBUG):
+        try:
+            return body()
+        except MPI.Exception as error:
+            raise _failed(collective, name, error) from error
     if line is not None:
         with call_span(line, collective, name):
             return _logged(collective, name, body)
@@ -109,23 +114,18 @@ def _guarded(collective: str, name: str | None, body: Callable[[], Any]) -> Any:
 
 
 def _logged(collective: str, name: str | None, body: Callable[[], Any]) -> Any:
-    if not LOGGER.isEnabledFor(logging.DEBUG):
-        return _run(collective, name, body)
     before, start = ACTIVITY.last, time.perf_counter()
-    try:
-        return _run(collective, name, body)
-    finally:
-        if ACTIVITY.last is not before:
-            log_call(ACTIVITY.last, world().group.world_rank, time.perf_counter() - start)
-
-
-def _run(collective: str, name: str | None, body: Callable[[], Any]) -> Any:
     try:
         return body()
     except MPI.Exception as error:
-        raise CommunicationError(
-            f"{subject(collective, name)}: "
-            f"MPI failed: {error}") from error
+        raise _failed(collective, name, error) from error
+    finally:
+        if ACTIVITY.last is not before and LOGGER.isEnabledFor(logging.DEBUG):
+            log_call(ACTIVITY.last, world().group.world_rank, time.perf_counter() - start)
+
+
+def _failed(collective: str, name: str | None, error: MPI.Exception) -> CommunicationError:
+    return CommunicationError(f"{subject(collective, name)}: MPI failed: {error}")
 
 
 def poll(handle: Handle) -> bool:

@@ -32,10 +32,17 @@ class Finisher:
     encoding: str | None = None
 
     def __call__(self, values: np.ndarray) -> None:
+        self.into(values, values)
+
+    def into(self, values: np.ndarray, out: np.ndarray) -> None:
+        """Apply it to host ``values``, writing ``out`` (may be ``values``)."""
         if self.divisor != 1:
-            divide_into(values, self.divisor, values, self.encoding)
+            divide_into(values, self.divisor, out, self.encoding)
+            values = out
         if self.postscale_factor != 1.0:
-            scale_into(values, self.postscale_factor, values, self.encoding)
+            scale_into(values, self.postscale_factor, out, self.encoding)
+        elif values is not out:
+            np.copyto(out, values)
 
 
 def finisher(divisor: int, postscale_factor: float, dtype: np.dtype) -> Finisher | None:

@@ -25,6 +25,7 @@ class ReduceOp(enum.Enum):
         return f"ringtrain.{self.name}"
 
     __str__ = __repr__
+    __hash__ = object.__hash__  # members are singletons; enum's own hash runs Python code
 
 
 Average = ReduceOp.Average

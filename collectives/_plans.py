@@ -11,7 +11,7 @@ import numpy as np
 from ..kernels import Compressor, FusionLayout, reducer
 from ..kernels.reduction import Combine
 from ._adasum import working_dtype
-from ._agreement import Call
+from ._agreement import PAYLOAD_CAPACITY, Call
 from ._checks import active_compressor, check_compression, check_reduction
 from ._data_phase import Finisher, finisher
 from ._memory import AWARE, IPC, STAGED, goes_direct
@@ -50,10 +50,12 @@ class AllreducePlan:
         finish: turns the sum into the result (None when nothing is to do); for Adasum,
             the postscale in the working precision (see :func:`._adasum.allreduce`).
         wire: the host plan's own buffer for the compressed values.
+        carried: the data travels in the agreement's messages (small host arrays
+            reduced by recursive doubling).
     """
 
     __slots__ = ("group", "settings", "op", "algorithm", "call", "finish", "combine",
-                 "compressor", "wire", "layout", "memory")
+                 "compressor", "wire", "layout", "memory", "carried")
 
     def __init__(self, array: Any, op: Any, name: str | None, prescale_factor: float,
                  postscale_factor: float, process_set: ProcessSet | None,
@@ -96,6 +98,8 @@ class AllreducePlan:
             self.op.value, wire_dtype, self.compressor.encoding if self.compressor else None)
         self.wire = np.empty(array.size, wire_dtype) \
             if self.compressor and not self.memory else None
+        self.carried = self.memory is None and self.compressor is None and \
+            self.algorithm == "recursive_doubling" and array.nbytes <= PAYLOAD_CAPACITY
 
 
 _plans: dict[tuple, AllreducePlan] = {}

@@ -35,6 +35,44 @@ def unfolded_rank(new_rank: int, rem: int) -> int:
     return new_rank * 2 + 1 if new_rank < rem else new_rank + rem
 
 
+class Schedule:
+    """One rank's part in the schedule above, worked out once per group.
+
+    Attributes:
+        folded_into: the odd rank this rank hands its message to and sits out (then
+            ``partners`` is empty), or None.
+        folded_from: the even rank whose message this rank combines first, or None.
+        partners: the ranks this rank exchanges with, one per doubling step.
+    """
+
+    __slots__ = ("folded_into", "folded_from", "partners")
+
+    def __init__(self, rank: int, size: int):
+        p2 = 1 << (size.bit_length() - 1)
+        rem = size - p2
+        self.folded_into = rank + 1 if rank < 2 * rem and rank % 2 == 0 else None
+        self.folded_from = rank - 1 if rank < 2 * rem and rank % 2 == 1 else None
+        self.partners: tuple[int, ...] = ()
+        if self.folded_into is not None:
+            return
+        new_rank = rank // 2 if rank < 2 * rem else rank - rem
+        partners = []
+        mask = 1
+        while mask < p2:
+            partner_new = new_rank ^ mask
+            partners.append(unfolded_rank(partner_new, rem))
+            mask <<= 1
+        self.partners = tuple(partners)
+
+
+def schedule_of(group: Group) -> Schedule:
+    """This rank's :class:`Schedule` in ``group`` (kept with the group)."""
+    schedule = group.state.get("recursive doubling")
+    if schedule is None:
+        schedule = group.state["recursive doubling"] = Schedule(group.rank, group.size)
+    return schedule
+
+
 def exchange(group: Group, message: np.ndarray, receive: np.ndarray,
              combine: Callable[[np.ndarray], None]) -> None:
     """Allreduce ``message`` (bytes) over the group by recursive doubling, in place.
@@ -48,32 +86,24 @@ def exchange(group: Group, message: np.ndarray, receive: np.ndarray,
             ``receive``, as long as ``message``) into ``message``; it may ignore the
             argument and read ``receive`` through views of its own.
     """
-    comm, rank, size = group.comm, group.rank, group.size
-    if size == 1:
+    if group.size == 1:
         return
-    n = message.nbytes
-    incoming = receive[:n]
-    p2 = 1 << (size.bit_length() - 1)
-    rem = size - p2
-    if rank < 2 * rem and rank % 2 == 0:
-        comm.Send(message, rank + 1, TAG)
-        comm.Recv(receive, rank + 1, TAG)
-        message[:] = incoming
+    comm = group.comm
+    schedule = schedule_of(group)
+    if schedule.folded_into is not None:
+        comm.Send(message, schedule.folded_into, TAG)
+        comm.Recv(receive, schedule.folded_into, TAG)
+        message[:] = receive[:message.nbytes]
         return
-    if rank < 2 * rem:
-        comm.Recv(receive, rank - 1, TAG)
+    incoming = receive[:message.nbytes]
+    if schedule.folded_from is not None:
+        comm.Recv(receive, schedule.folded_from, TAG)
         combine(incoming)
-        new_rank = rank // 2
-    else:
-        new_rank = rank - rem
-    mask = 1
-    while mask < p2:
-        partner = unfolded_rank(new_rank ^ mask, rem)
+    for partner in schedule.partners:
         comm.Sendrecv(message, partner, TAG, receive, partner, TAG)
         combine(incoming)
-        mask <<= 1
-    if rank < 2 * rem:
-        comm.Send(message, rank - 1, TAG)
+    if schedule.folded_from is not None:
+        comm.Send(message, schedule.folded_from, TAG)
 
 
 def allreduce(group: Group, buffer: np.ndarray, combine: Combine, segment_bytes: int) -> None:
@@ -95,4 +125,4 @@ def allreduce(group: Group, buffer: np.ndarray, combine: Combine, segment_bytes:
         exchange(group, piece_bytes, receive, fold)
 
 
-__all__ = ["exchange", "allreduce", "unfolded_rank"]
+__all__ = ["exchange", "allreduce", "schedule_of", "unfolded_rank"]

@@ -8,20 +8,23 @@ from typing import Any
 import numpy as np
 
 from ..kernels import Compression, Compressor, abs_max, encoding_of, reducer
-from . import _native, _ring
-from ._agreement import Call, agree
+from ..kernels.host import scale_into
+from ..kernels.reduction import Combine
+from . import _native, _recursive_doubling, _ring
+from ._agreement import PAYLOAD_CAPACITY, Call, agree, agree_carrying
 from ._allreduce_run import warn_nonfinite
 from ._buffers import device_tensor, results_like
 from ._calls import collective_call
 from ._checks import (active_compressor, check_compression, check_reduction, check_splittable,
                       flat, input_array)
-from ._data_phase import finisher
+from ._data_phase import Finisher, finisher
 from ._executor import Handle
 from ._memory import AWARE, HOST, goes_direct
 from ._placement import memory_for, staged
 from ._ops import ReduceOp, resolve_op
 from ._process_sets import ProcessSet, resolve_group
-from ._selection import simple_algorithm
+from ._group import Group
+from ._selection import reducescatter_algorithm
 from .config import current_settings
 from .errors import InvalidArgumentError, subject
 
@@ -99,7 +102,7 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
                     compression=compression.name)
     else:
         memory, source = HOST, flat(array)
-        chosen = simple_algorithm("reducescatter", algorithm, settings, name)
+        chosen = reducescatter_algorithm(algorithm, array.nbytes, settings, name)
         call = Call(collective="reducescatter", name=name, op=op.name, dtype=array.dtype,
                     shape=array.shape, algorithm=chosen,
                     segment_bytes=settings.segment_bytes if chosen == "ring" else None,
@@ -112,6 +115,10 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
                       array.dtype)
     combine = reducer(op.value, array.dtype)
     nbytes = array.size * array.dtype.itemsize
+    if chosen == "recursive_doubling":
+        return lambda: _by_recursive_doubling(group, call, source, prescale_factor, combine,
+                                              finish, (rows[group.rank], rows[group.rank + 1]),
+                                              array.shape, settings.segment_bytes)
 
     def run() -> Any:
         with memory.entered(*([] if on_device is None else [on_device])):
@@ -177,3 +184,28 @@ def _compressed(array: np.ndarray, op: ReduceOp, name: str | None, prescale_fact
         return output
 
     return run
+
+
+def _by_recursive_doubling(group: Group, call: Call, source: np.ndarray,
+                           prescale_factor: float, combine: Combine, finish: Finisher | None,
+                           own_rows: tuple[int, int], shape: tuple[int, ...],
+                           segment_bytes: int) -> np.ndarray:
+    """A reduce-scatter as an allreduce by recursive doubling of which this rank keeps
+    its rows: in the agreement's own messages when the array fits in them."""
+    if source.nbytes <= PAYLOAD_CAPACITY:
+        reduced = agree_carrying(group, call, source.dtype, source.size,
+                                 lambda data: scale_into(source, prescale_factor, data),
+                                 combine)
+    else:
+        agree(group, call)
+        reduced = np.empty_like(source)
+        scale_into(source, prescale_factor, reduced)
+        _recursive_doubling.allreduce(group, reduced, combine, segment_bytes)
+    row = int(np.prod(shape[1:], dtype=np.int64))
+    output = np.empty((own_rows[1] - own_rows[0], *shape[1:]), source.dtype)
+    share = reduced[own_rows[0] * row:own_rows[1] * row]
+    if finish is None:
+        np.copyto(output.reshape(-1), share)
+    else:
+        finish.into(share, output.reshape(-1))
+    return output

@@ -1,24 +1,26 @@
 """The automatic choice of algorithm, by message size and world size.
 
 allreduce: recursive doubling up to ``recursive_doubling_max_bytes`` (fewest messages:
-lg p rounds), the ring above it (least data per rank: 2(p-1)/p*n, reduced in cached
+lg p rounds; up to the agreement's payload capacity the data travels in the agreement's
+own messages), the ring above it (least data per rank: 2(p-1)/p*n, reduced in cached
 segments); device tensors of ranks on one node are reduced on the GPUs through CUDA IPC
-(``ipc``) from ``ipc_min_bytes`` on. broadcast: one direct send for two ranks, a
-binomial tree below ``broadcast_pipeline_min_bytes``, the pipelined chain from it on. allgather and
+(``ipc``) from ``ipc_min_bytes`` on. broadcast, allgather and reducescatter up to
+``CARRIED_MAX_BYTES``: ``recursive_doubling``, the data in the agreement's messages. Above
+it, broadcast: one direct send for two ranks, a binomial tree below
+``broadcast_pipeline_min_bytes``, the pipelined chain from it on; allgather and
 reducescatter: the ring. alltoall: the pairwise exchange. Thresholds are settings (see
-``config``), and ``algorithm=`` on a call overrides the choice.
-
-When the ranks span several nodes and some node holds more than one of them, allreduce
-and broadcast of at least ``hierarchical_min_bytes`` use the ``hierarchical`` algorithm
-(see ``_hierarchical``): it sends each byte across nodes once per node rather than once
-per rank.
-"""
+``config``), and ``algorithm=`` on a call overrides the choice."""
 
 from __future__ import annotations
 
 from ._topology import NodeLayout
 from .config import ALGORITHMS, Settings
 from .errors import InvalidArgumentError, subject
+
+CARRIED_MAX_BYTES = 4096
+"""Broadcasts, allgathers (the whole gathered array) and reduce-scatters (the whole
+array) up to this size travel in the agreement's own messages (``recursive_doubling``:
+one exchange, in lg p steps, carries the check and the data)."""
 
 _DEFAULTS = {"allgather": "ring", "reducescatter": "ring", "alltoall": "pairwise"}
 _HOST_ALLREDUCE = tuple(a for a in ALGORITHMS["allreduce"] if a not in ("auto", "ipc"))
@@ -115,9 +117,30 @@ def broadcast_algorithm(algorithm: str | None, nbytes: int, size: int, settings:
         return choice
     if _hierarchical_pays(layout, nbytes, settings):
         return "hierarchical"
+    if nbytes <= CARRIED_MAX_BYTES:
+        return "recursive_doubling"
     if size <= 2 or nbytes < settings.broadcast_pipeline_min_bytes:
         return "binomial"
     return "pipeline"
+
+
+def allgather_algorithm(algorithm: str | None, nbytes: int, settings: Settings,
+                        name: str | None) -> str:
+    """Choose the allgather algorithm (``nbytes``: the gathered array of one row per
+    rank, which every rank knows alike)."""
+    choice = requested("allgather", algorithm, settings, name)
+    if choice != "auto":
+        return choice
+    return "recursive_doubling" if nbytes <= CARRIED_MAX_BYTES else _DEFAULTS["allgather"]
+
+
+def reducescatter_algorithm(algorithm: str | None, nbytes: int, settings: Settings,
+                            name: str | None) -> str:
+    """Choose the reducescatter algorithm (``nbytes``: the whole array)."""
+    choice = requested("reducescatter", algorithm, settings, name)
+    if choice != "auto":
+        return choice
+    return "recursive_doubling" if nbytes <= CARRIED_MAX_BYTES else _DEFAULTS["reducescatter"]
 
 
 def simple_algorithm(collective: str, algorithm: str | None, settings: Settings,

@@ -326,9 +326,10 @@ def horovod_variables_without_effect(environ: Mapping[str, str] | None = None
 ALGORITHMS: dict[str, tuple[str, ...]] = {
     "allreduce": ("auto", "ring", "recursive_doubling", "hierarchical", "node_leader",
                   "native", "ipc"),
-    "broadcast": ("auto", "pipeline", "binomial", "hierarchical", "native"),
-    "allgather": ("auto", "ring", "hierarchical", "native"),
-    "reducescatter": ("auto", "ring", "native"),
+    "broadcast": ("auto", "pipeline", "binomial", "recursive_doubling", "hierarchical",
+                  "native"),
+    "allgather": ("auto", "ring", "recursive_doubling", "hierarchical", "native"),
+    "reducescatter": ("auto", "ring", "recursive_doubling", "native"),
     "alltoall": ("auto", "pairwise", "native"),
 }
 """The algorithms each collective offers; ``auto`` picks by message and world size."""

@@ -79,7 +79,7 @@ def test_parsing_device_options_imports_no_gpu_library():
     (["allreduce", "-b", "0"], "minbytes"),
     (["allreduce", "-b", "12X"], "not a size"),
     (["allreduce", "--algo", "pipeline"], "offers the algorithms"),
-    (["allgather", "--algo", "recursive_doubling"], "offers the algorithms"),
+    (["allgather", "--algo", "binomial"], "offers the algorithms"),
     (["allreduce", "-o", "avg", "-d", "int32"], "avg needs a floating"),
     (["broadcast", "--compression", "fp16"], "--compression applies"),
     (["allreduce", "--compression", "bf16", "-o", "prod"], "not prod"),

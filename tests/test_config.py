@@ -260,10 +260,11 @@ def test_algorithm_table():
                                "alltoall"}
     assert set(ALGORITHMS["allreduce"]) == {"auto", "ring", "recursive_doubling",
                                             "hierarchical", "node_leader", "native", "ipc"}
-    assert set(ALGORITHMS["broadcast"]) == {"auto", "binomial", "pipeline", "hierarchical",
-                                            "native"}
-    assert set(ALGORITHMS["allgather"]) == {"auto", "ring", "hierarchical", "native"}
-    assert set(ALGORITHMS["reducescatter"]) == {"auto", "ring", "native"}
+    assert set(ALGORITHMS["broadcast"]) == {"auto", "binomial", "pipeline", "recursive_doubling",
+                                            "hierarchical", "native"}
+    assert set(ALGORITHMS["allgather"]) == {"auto", "ring", "recursive_doubling",
+                                            "hierarchical", "native"}
+    assert set(ALGORITHMS["reducescatter"]) == {"auto", "ring", "recursive_doubling", "native"}
     assert set(ALGORITHMS["alltoall"]) == {"auto", "pairwise", "native"}
     assert rt.ALGORITHMS is ALGORITHMS
 

@@ -116,8 +116,8 @@ def label(row: Row) -> str:
 
 
 def footer_lines(rows: list[Row]) -> list[str]:
-    """Wrong values in total, and each algorithm's average bus bandwidth (per kind of
-    buffer in a ``--device cuda`` run)."""
+    """Wrong values in total, each algorithm's average bus bandwidth (per kind of
+    buffer in a ``--device cuda`` run) and its lowest ratio to ``native``."""
     wrong = sum(part.wrong or 0 for row in rows
                 for part in (row.out_of_place, row.in_place) if part is not None)
     lines = [f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}"]
@@ -126,6 +126,14 @@ def footer_lines(rows: list[Row]) -> list[str]:
                   for part in (row.out_of_place, row.in_place) if part is not None]
         average = f"{sum(values) / len(values):.4f} GB/s" if values else "n/a"
         lines.append(f"# Avg bus bandwidth    : {average} ({name})")
+    for name in dict.fromkeys(label(row) for row in rows):
+        ratios = [(part.ratio, row.size, mode) for row in rows if label(row) == name
+                  for part, mode in ((row.out_of_place, "out of place"),
+                                     (row.in_place, "in place"))
+                  if part is not None and part.ratio is not None]
+        if ratios and name != "native":
+            ratio, size, mode = min(ratios)
+            lines.append(f"# Lowest xnative       : {ratio:.2f} at {size} B, {mode} ({name})")
     return lines
 
 

@@ -13,7 +13,7 @@ import ringtrain as rt
 from _harness import (COPY_DTYPES, WORLD, assert_equal_arrays, check, configured, main,
                       make_input, rng)
 
-ALGORITHMS = ["binomial", "pipeline", "native", "auto"]
+ALGORITHMS = ["binomial", "pipeline", "recursive_doubling", "native", "auto"]
 SHAPES = [(0,), (), (1,), (13,), (3, 5, 7), (2, 0)]
 
 

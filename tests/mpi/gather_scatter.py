@@ -14,7 +14,7 @@ from _harness import (COPY_DTYPES, OPS, REDUCE_DTYPES, WORLD, assert_equal_array
 
 # --------------------------------------------------------------------------- allgather
 
-GATHER_ALGORITHMS = ["ring", "native", "auto"]
+GATHER_ALGORITHMS = ["ring", "recursive_doubling", "native", "auto"]
 
 
 def gather_rows(rank: int) -> int:
@@ -61,6 +61,16 @@ def allgather_special(algorithm: str) -> None:
     for i, handle in reversed(list(enumerate(handles))):
         expected = np.concatenate([np.full((r + 1, 2), r * 10 + i, np.int64) for r in range(k)])
         assert_equal_arrays(rt.synchronize(handle), expected, f"allgather_async #{i}")
+    # equal counts, every dtype (a small auto or recursive_doubling allgather then needs
+    # one exchange), and one rank with too many rows for the agreement's messages
+    for dtype in COPY_DTYPES:
+        equal = [make_input(r, (2, 3), dtype, None, "age") for r in range(k)]
+        assert_equal_arrays(rt.allgather(equal[me], algorithm=algorithm),
+                            np.concatenate(equal), f"allgather equal rows {dtype.name}")
+    many = [make_input(r, (40000 if r == k - 1 else 1,), np.float32, None, "agm")
+            for r in range(k)]
+    assert_equal_arrays(rt.allgather(many[me], algorithm=algorithm), np.concatenate(many),
+                        "allgather with 40000 rows on the last rank, 1 elsewhere")
     # array-likes
     assert_equal_arrays(rt.allgather([me, me], algorithm=algorithm),
                         np.repeat(np.arange(k, dtype=np.asarray([0]).dtype), 2),
@@ -75,7 +85,7 @@ for _algorithm in GATHER_ALGORITHMS:
 
 # --------------------------------------------------------------------------- reducescatter
 
-SCATTER_ALGORITHMS = ["ring", "native", "auto"]
+SCATTER_ALGORITHMS = ["ring", "recursive_doubling", "native", "auto"]
 
 
 def scatter_shapes() -> list[tuple[int, ...]]:

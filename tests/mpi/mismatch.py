@@ -318,7 +318,7 @@ def different_collectives_allreduce_vs_broadcast():
 
     # pin the automatic choices so the expected fields do not depend on the defaults
     with configured(recursive_doubling_max_bytes=1024, broadcast_pipeline_min_bytes=1024,
-                    allreduce_algorithm="auto", broadcast_algorithm="auto"):
+                    allreduce_algorithm="auto", broadcast_algorithm="binomial"):
         error = expect_mismatch(call, collective={"allreduce", "broadcast"}, name="w",
                                 differences={
             "collective": {r: ("allreduce" if r == 0 else "broadcast") for r in range(k)},
@@ -588,8 +588,8 @@ def bad_calls() -> list[tuple[str, type[BaseException], Callable[[], object], li
         ("bad allgather algorithm", Inv,
          lambda: rt.allgather(f32, name="t", algorithm="pairwise"), ["'t'", "pairwise"]),
         ("bad reducescatter algorithm", Inv,
-         lambda: rt.reducescatter(f32, rt.Sum, name="t", algorithm="recursive_doubling"),
-         ["'t'"]),
+         lambda: rt.reducescatter(f32, rt.Sum, name="t", algorithm="binomial"),
+         ["'t'", "binomial"]),
         ("bad alltoall algorithm", Inv,
          lambda: rt.alltoall(f32, name="t", algorithm="ring"), ["'t'", "ring"]),
         ("bad grouped algorithm", Inv,
