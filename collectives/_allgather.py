@@ -18,9 +18,9 @@ from ._memory import AWARE, HOST, HostMemory, goes_direct
 from ._placement import memory_for, staged
 from ._ops import COPY_DTYPES, check_dtype
 from ._process_sets import ProcessSet, resolve_group
-from ._selection import simple_algorithm
+from ._selection import auto_choice, requested
 from ._topology import NodeLayout, hierarchy_for, layout_of
-from .config import current_settings
+from .config import Settings, current_settings
 
 
 def allgather(tensor: np.ndarray, name: str | None = None,
@@ -35,7 +35,8 @@ def allgather(tensor: np.ndarray, name: str | None = None,
         tensor: this rank's rows.
         name: names the tensor in error messages; the same on every rank.
         process_set: the ranks taking part (default: all).
-        algorithm: ``ring``, ``hierarchical``, ``native`` or ``auto`` (``ring``).
+        algorithm: ``ring``, ``hierarchical``, ``native`` or ``auto`` (the tuning
+            table's choice for the gathered size).
 
     Returns:
         A new array of shape ``(sum of first dimensions, *tensor.shape[1:])``.
@@ -56,12 +57,14 @@ def allgather_async(tensor: np.ndarray, name: str | None = None,
 
 def gather_rows(group: Group, rows: Any, row_shape: tuple[int, ...], algorithm: str,
                 layout: NodeLayout | None = None, segment_bytes: int = 0,
-                memory: HostMemory = HOST, like: Any = None) -> tuple[Any, np.ndarray]:
+                memory: HostMemory = HOST, like: Any = None,
+                settings: Settings | None = None) -> tuple[Any, np.ndarray]:
     """The data phase of an allgather, after agreement: exchange row counts, then rows.
 
     ``rows`` is a host array or, for ``native`` only, the memory of device tensor
     ``like`` (whose kind the output takes) with its ``memory``. ``hierarchical`` needs
-    the agreed ``layout`` and the segment size.
+    the agreed ``layout`` and the segment size. ``auto`` (with ``settings``) is resolved
+    from the gathered size once the row counts are known.
 
     Returns:
         The gathered rows and the number of rows each rank sent.
@@ -74,6 +77,9 @@ def gather_rows(group: Group, rows: Any, row_shape: tuple[int, ...], algorithm: 
     row_bytes = dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
     sizes = (counts * row_bytes).tolist()
     bounds = [0, *np.cumsum(sizes).tolist()]
+    if algorithm == "auto":
+        algorithm = auto_choice("allgather", bounds[-1], group.size,
+                                settings or current_settings(), layout)
     if algorithm == "native":
         if sum(sizes):
             _native.allgather(group, memory.for_mpi(rows, np.uint8),
@@ -107,10 +113,10 @@ def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
                     memory=AWARE, **{"shape[1:]": row_shape})
     else:
         memory, rows = HOST, array.reshape(1) if array.ndim == 0 else array
-        chosen = simple_algorithm("allgather", algorithm, settings, name)
+        chosen = requested("allgather", algorithm, settings, name)
         layout = layout_of(group, settings)
         extra = {"layout": layout.describe(), "segment_bytes": settings.segment_bytes} \
-            if chosen == "hierarchical" else {}
+            if chosen == "hierarchical" or chosen == "auto" and layout.pays_off else {}
         call = Call(collective="allgather", name=name, dtype=array.dtype,
                     algorithm=chosen, **{"shape[1:]": rows.shape[1:]}, **extra)
 
@@ -118,6 +124,6 @@ def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
         with memory.entered(*([] if on_device is None else [on_device])):
             agree(group, call)
             return gather_rows(group, rows, row_shape, chosen, layout, settings.segment_bytes,
-                               memory, on_device)[0]
+                               memory, on_device, settings)[0]
 
     return run

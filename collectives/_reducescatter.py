@@ -21,7 +21,7 @@ from ._memory import AWARE, HOST, goes_direct
 from ._placement import memory_for, staged
 from ._ops import ReduceOp, resolve_op
 from ._process_sets import ProcessSet, resolve_group
-from ._selection import simple_algorithm
+from ._selection import reducescatter_algorithm
 from .config import current_settings
 
 
@@ -94,7 +94,7 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
                     compression=compression.name)
     else:
         memory, source = HOST, flat(array)
-        chosen = simple_algorithm("reducescatter", algorithm, settings, name)
+        chosen = reducescatter_algorithm(algorithm, array.nbytes, group.size, settings, name)
         call = Call(collective="reducescatter", name=name, op=op.name, dtype=array.dtype,
                     shape=array.shape, algorithm=chosen,
                     segment_bytes=settings.segment_bytes if chosen == "ring" else None,

@@ -66,7 +66,7 @@ def test_auto_goes_hierarchical_only_across_nodes_and_above_the_threshold(sizes,
     assert big == ("hierarchical" if pays else "ring")
     assert allreduce_algorithm(None, (1 << 20) - 1, size, settings, "t", shape) == "ring"
     assert broadcast_algorithm(None, 1 << 20, size, settings, "t", shape) == \
-        ("hierarchical" if pays else "pipeline" if size > 2 else "binomial")
+        ("hierarchical" if pays else "native")
     for forced in ("ring", "native", "node_leader"):
         assert allreduce_algorithm(forced, 1 << 20, size, settings, "t", shape) == forced
     assert allreduce_algorithm(None, 1 << 20, size, Settings(allreduce_algorithm="ring"), "t",

@@ -42,7 +42,7 @@ def measure(case: Case, options: Options) -> dict[tuple[Variant, bool], Measurem
     Each round runs every variant and mode once, one after the other, so that noise
     on a shared machine hits them alike; the median round is reported.
     """
-    modes = (False, True) if case.in_place else (False,)
+    modes = (False, True) if case.in_place and options.in_place else (False,)
     made = {(variant, in_place): case.call(variant.algorithm, in_place, variant.memory)
             for variant in variants(options) for in_place in modes}
     calls = {key: call for key, call in made.items() if call is not None}

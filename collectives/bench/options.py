@@ -55,6 +55,9 @@ class Options:
             buffers and on numpy buffers, ``native`` on numpy buffers.
         device_library: which library makes the GPU buffers (see
             :data:`~.devices.LIBRARIES`); ``auto`` for a CPU run.
+        round_bytes, iteration_bounds: without ``iterations``, a round makes enough
+            calls to move ``round_bytes``, within ``iteration_bounds`` (fewest, most).
+        in_place: also time the in-place form where the collective has one.
     """
 
     collective: str
@@ -73,16 +76,20 @@ class Options:
     plot: str | None
     device: str = "cpu"
     device_library: str = "auto"
+    round_bytes: int = AUTO_ROUND_BYTES
+    iteration_bounds: tuple[int, int] = AUTO_ITERATIONS
+    in_place: bool = True
 
 
 def iterations_for(options: Options, nbytes: int) -> int:
     """Timed calls per round: ``-n`` if given, else enough calls to move
-    ``AUTO_ROUND_BYTES`` (many for small messages, whose few microseconds would otherwise
-    drown in the start and end of the round), within ``AUTO_ITERATIONS``."""
+    ``options.round_bytes`` (many for small messages, whose few microseconds would
+    otherwise drown in the start and end of the round), within
+    ``options.iteration_bounds``."""
     if options.iterations is not None:
         return options.iterations
-    low, high = AUTO_ITERATIONS
-    return max(low, min(high, AUTO_ROUND_BYTES // max(nbytes, 1)))
+    low, high = options.iteration_bounds
+    return max(low, min(high, options.round_bytes // max(nbytes, 1)))
 
 
 def sizes_between(minimum: int, maximum: int, factor: int) -> tuple[int, ...]:
