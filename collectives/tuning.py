@@ -53,8 +53,9 @@ SMALL_MESSAGE_BYTES = 4096
 rides with the data."""
 
 NATIVE_ALLREDUCE_MAX_BYTES = 512 * 1024
-"""The built-in table's allreduce: MPI's own above the small messages, up to this size
-(the ring above it; measured, see docs/collectives.md)."""
+"""The built-in table's allreduce of two ranks: MPI's own above the small messages, up to
+this size, the ring above it (measured, see docs/collectives.md); of more ranks, MPI's own
+at every size above the small messages."""
 
 _NOT_TABULATED = ("auto", "ipc")
 
@@ -175,14 +176,17 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
     Up to :data:`SMALL_MESSAGE_BYTES` ringtrain's own algorithms (recursive doubling
     up to ``recursive_doubling_max_bytes`` for allreduce; the binomial tree for
     broadcast; the ring, the pairwise exchange), whose agreement rides with the data;
-    above it MPI's own where it was measured faster on one node, and ringtrain's ring
-    for the large allreduces (above :data:`NATIVE_ALLREDUCE_MAX_BYTES`), where it is.
+    above it MPI's own, which was measured faster on one node, but for the large
+    allreduces of two ranks (above :data:`NATIVE_ALLREDUCE_MAX_BYTES`), where
+    ringtrain's ring is faster.
     """
     own = SMALL_MESSAGE_BYTES
     if collective == "allreduce":
-        return (Range(settings.recursive_doubling_max_bytes, "recursive_doubling"),
-                Range(max(NATIVE_ALLREDUCE_MAX_BYTES, settings.recursive_doubling_max_bytes),
-                      "native"),
+        doubling = Range(settings.recursive_doubling_max_bytes, "recursive_doubling")
+        if group_size > 2:
+            return (doubling, Range(None, "native"))
+        return (doubling, Range(max(NATIVE_ALLREDUCE_MAX_BYTES,
+                                    settings.recursive_doubling_max_bytes), "native"),
                 Range(None, "ring"))
     if collective == "broadcast":
         start = settings.broadcast_pipeline_min_bytes

@@ -97,6 +97,7 @@ def test_the_built_in_table_keeps_small_messages_and_uses_mpi_above():
     assert default_choice("allreduce", big, 4, SETTINGS) == "native"
     assert default_choice("allreduce", tuning.NATIVE_ALLREDUCE_MAX_BYTES + 1, 2,
                           SETTINGS) == "ring"
+    assert default_choice("allreduce", 1 << 30, 3, SETTINGS) == "native"
     assert default_choice("broadcast", small, 2, SETTINGS) == "binomial"
     assert default_choice("broadcast", small, 4,
                           Settings(broadcast_pipeline_min_bytes=1024)) == "pipeline"
