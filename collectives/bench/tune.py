@@ -3,7 +3,8 @@ own ranks, and write the tuning table that ``auto`` then follows.
 
 Run it as the job runs (``mpiexec -n 4 ringtrain-bench --tune``, on the same nodes).
 For each collective and size (powers of ``--stepfactor`` up to ``--maxbytes``), every
-algorithm is timed as ``ringtrain-bench`` times it: the algorithms interleaved in
+algorithm ``auto`` may pick (``native`` as ringtrain runs it: MPI's own collective behind
+ringtrain's agreement check) is timed as ``ringtrain-bench`` times it: the algorithms interleaved in
 ``--rounds`` rounds, the median round kept, time averaged over ranks; out of place and,
 where the collective has one, in place, the two times added. A round makes enough calls
 to move ``--round-bytes`` (from 2 to 200 calls), so large sizes take few calls and a
@@ -30,8 +31,8 @@ from ...variables import ALGORITHMS, TUNING_FILE, parse_size, tuning_file
 from .._topology import HIERARCHICAL, layout_of
 from .._world import world
 from ..tuning import TUNABLE, Range, TuningTable, key_of
-from .cases import Case
-from .measure import measure
+from .cases import HOST, Case, Variant
+from .measure import modes_of, time_calls
 from .options import NATIVE, Options
 
 ITERATION_BOUNDS = (2, 200)
@@ -108,13 +109,17 @@ def ranges_of(winners: Sequence[tuple[int, str]], segment_bytes: int) -> tuple[R
 
 def fastest(collective: str, nbytes: int, algorithms: tuple[str, ...], rounds: int,
             round_bytes: int, comm: MPI.Comm) -> tuple[str, dict[str, float]]:
-    """The fastest algorithm of ``collective`` at ``nbytes`` on ``comm``, and each one's
-    seconds per call (out of place plus in place, where there is an in-place form)."""
+    """The fastest of ringtrain's algorithms of ``collective`` at ``nbytes`` on ``comm``
+    (``native`` as ringtrain runs it: behind its agreement check), and each one's seconds
+    per call (out of place plus in place, where there is an in-place form)."""
     options = Options(collective, (nbytes,), None, 1, rounds, False, np.dtype(np.float32),
                       "sum", 0, algorithms, "none", None, None, None,
                       round_bytes=round_bytes, iteration_bounds=ITERATION_BOUNDS)
+    case = Case(options, nbytes, comm)
+    calls = {(Variant(algorithm, HOST), in_place): case.ringtrain_call(algorithm, in_place)
+             for algorithm in algorithms for in_place in modes_of(case, options)}
     seconds: dict[str, float] = dict.fromkeys(algorithms, 0.0)
-    for (variant, _), point in measure(Case(options, nbytes, comm), options).items():
+    for (variant, _), point in time_calls(case, options, calls).items():
         seconds[variant.algorithm] += point.seconds
     return min(algorithms, key=lambda a: seconds[a]), seconds
 
