@@ -27,13 +27,13 @@ from mpi4py import MPI
 
 from ... import collectives as rt
 from ...atomic_file import write_atomically
-from ...variables import ALGORITHMS, TUNING_FILE, parse_size, tuning_file
+from ...variables import ALGORITHMS, TUNING_FILE, tuning_file
 from .._topology import HIERARCHICAL, layout_of
 from .._world import world
 from ..tuning import TUNABLE, Range, TuningTable, key_of
 from .cases import HOST, Case, Variant
 from .measure import modes_of, time_calls
-from .options import NATIVE, Options
+from .options import NATIVE, Options, add_size_arguments, parsed_sizes, size_argument
 
 ITERATION_BOUNDS = (2, 200)
 """Fewest and most timed calls of one algorithm in one round."""
@@ -47,17 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ringtrain-bench --tune",
         description="Measure each algorithm of each collective (MPI's own included) on "
                     "these ranks and write the tuning table that auto follows.")
-    parser.add_argument("-b", "--minbytes", type=_size, default=8,
-                        help="smallest size (default 8)")
-    parser.add_argument("-e", "--maxbytes", type=_size, default=64 << 20,
-                        help="largest size (default 64M); sizes are maxbytes divided by "
-                             "powers of the step factor, down to minbytes")
-    parser.add_argument("-f", "--stepfactor", type=int, default=4,
-                        help="size step (default 4)")
+    add_size_arguments(parser, 64 << 20, 4, "; sizes are maxbytes divided by powers of "
+                                            "the step factor, down to minbytes")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds per size, algorithms interleaved (default 3; more "
                              "for a steadier table)")
-    parser.add_argument("--round-bytes", type=_size, default=4 << 20,
+    parser.add_argument("--round-bytes", type=size_argument, default=4 << 20,
                         help="bytes each algorithm moves per round (default 4M; more for "
                              "a steadier table)")
     parser.add_argument("--collectives", default=",".join(TUNABLE),
@@ -66,13 +61,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"the table's file (default: {TUNING_FILE.name}, else "
                              f"the user's cache directory)")
     return parser
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def tuned_sizes(minimum: int, maximum: int, factor: int) -> tuple[int, ...]:
@@ -129,10 +117,7 @@ def main(argv: Sequence[str]) -> int:
     table. Returns 0, or 2 on bad arguments (before any measurement)."""
     parser = build_parser()
     arguments = parser.parse_args(argv)
-    try:
-        sizes = tuned_sizes(arguments.minbytes, arguments.maxbytes, arguments.stepfactor)
-    except ValueError as error:
-        parser.error(str(error))
+    sizes = parsed_sizes(parser, arguments, tuned_sizes)
     collectives = [c.strip() for c in arguments.collectives.split(",") if c.strip()]
     unknown = [c for c in collectives if c not in TUNABLE]
     if unknown or not collectives:
