@@ -13,7 +13,7 @@ from ringtrain.collectives import MismatchError, tuning
 from ringtrain.collectives._selection import (allreduce_algorithm, auto_choice,
                                               broadcast_algorithm, reducescatter_algorithm)
 from ringtrain.collectives._tuning_load import Found, agree_on_table
-from ringtrain.collectives.bench.tune import candidates, ranges_of, tuned_sizes
+from ringtrain.collectives.bench.tune import candidates, ranges_of, tuned_sizes, winner
 from ringtrain.collectives.config import Settings
 from ringtrain.collectives.tuning import (Range, TableError, TuningTable, default_choice,
                                           key_of, parse_table)
@@ -199,6 +199,10 @@ def test_tune_measures_every_algorithm_and_merges_equal_winners():
     assert candidates("alltoall", True) == ("pairwise", "native")
     assert ranges_of([(16, "ring"), (64, "ring"), (256, "native"), (1024, "ring")], 512) == (
         Range(64, "ring", 512), Range(256, "native"), Range(1024, "ring", 512))
+    seconds = {"ring": 1.0, "native": 1.04, "recursive_doubling": 2.0}
+    assert winner(seconds, "native", 0.05) == "native"  # within the tolerance
+    assert winner(seconds, "native", 0.01) == "ring"
+    assert winner(seconds, "recursive_doubling", 0.05) == "ring"
 
 
 @pytest.mark.parametrize("nprocs", [2, 3], ids=["np2", "np3"])

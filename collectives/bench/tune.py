@@ -9,7 +9,9 @@ ringtrain's agreement check) is timed as ``ringtrain-bench`` times it: the algor
 where the collective has one, in place, the two times added. A round makes enough calls
 to move ``--round-bytes`` (from 2 to 200 calls), so large sizes take few calls and a
 default tune of one node takes a minute or two. The fastest algorithm of each size
-wins; consecutive sizes with the same winner make one range of the table, which rank 0
+wins, unless the built-in table's choice is within ``--tolerance`` (default 5%) of it:
+a tuned table departs from the built-in one only where it measured a clear difference,
+not where noise decided. Consecutive sizes with the same winner make one range, which rank 0
 writes atomically to ``--output`` (default: ``RINGTRAIN_TUNING_FILE``, else the user's
 cache directory; see :func:`ringtrain.variables.tuning_file`).
 """
@@ -30,7 +32,7 @@ from ...atomic_file import write_atomically
 from ...variables import ALGORITHMS, TUNING_FILE, tuning_file
 from .._topology import HIERARCHICAL, layout_of
 from .._world import world
-from ..tuning import TUNABLE, Range, TuningTable, key_of
+from ..tuning import TUNABLE, Range, TuningTable, default_choice, key_of
 from .cases import HOST, Case, Variant
 from .measure import modes_of, time_calls
 from .options import NATIVE, Options, add_size_arguments, parsed_sizes, size_argument
@@ -55,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--round-bytes", type=size_argument, default=4 << 20,
                         help="bytes each algorithm moves per round (default 4M; more for "
                              "a steadier table)")
+    parser.add_argument("--tolerance", type=float, default=0.05,
+                        help="keep the built-in table's choice where it is within this "
+                             "fraction of the fastest (default 0.05)")
     parser.add_argument("--collectives", default=",".join(TUNABLE),
                         help=f"comma-separated (default {','.join(TUNABLE)})")
     parser.add_argument("-o", "--output", default=None,
@@ -95,11 +100,20 @@ def ranges_of(winners: Sequence[tuple[int, str]], segment_bytes: int) -> tuple[R
     return tuple(ranges)
 
 
-def fastest(collective: str, nbytes: int, algorithms: tuple[str, ...], rounds: int,
-            round_bytes: int, comm: MPI.Comm) -> tuple[str, dict[str, float]]:
-    """The fastest of ringtrain's algorithms of ``collective`` at ``nbytes`` on ``comm``
-    (``native`` as ringtrain runs it: behind its agreement check), and each one's seconds
-    per call (out of place plus in place, where there is an in-place form)."""
+def winner(seconds: dict[str, float], built_in: str, tolerance: float) -> str:
+    """The fastest algorithm of ``seconds``, or ``built_in`` if it is within
+    ``tolerance`` (a fraction) of the fastest."""
+    best = min(seconds, key=lambda a: seconds[a])
+    if built_in in seconds and seconds[built_in] <= seconds[best] * (1 + tolerance):
+        return built_in
+    return best
+
+
+def times(collective: str, nbytes: int, algorithms: tuple[str, ...], rounds: int,
+          round_bytes: int, comm: MPI.Comm) -> dict[str, float]:
+    """Seconds per call of each of ringtrain's ``algorithms`` of ``collective`` at
+    ``nbytes`` on ``comm`` (``native`` as ringtrain runs it: behind its agreement check),
+    out of place plus in place where there is an in-place form."""
     options = Options(collective, (nbytes,), None, 1, rounds, False, np.dtype(np.float32),
                       "sum", 0, algorithms, "none", None, None, None,
                       round_bytes=round_bytes, iteration_bounds=ITERATION_BOUNDS)
@@ -109,7 +123,7 @@ def fastest(collective: str, nbytes: int, algorithms: tuple[str, ...], rounds: i
     seconds: dict[str, float] = dict.fromkeys(algorithms, 0.0)
     for (variant, _), point in time_calls(case, options, calls).items():
         seconds[variant.algorithm] += point.seconds
-    return min(algorithms, key=lambda a: seconds[a]), seconds
+    return seconds
 
 
 def main(argv: Sequence[str]) -> int:
@@ -125,6 +139,8 @@ def main(argv: Sequence[str]) -> int:
                      f"{arguments.collectives!r}")
     if arguments.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {arguments.rounds}")
+    if not arguments.tolerance >= 0:
+        parser.error(f"--tolerance must be at least 0, got {arguments.tolerance}")
     output = arguments.output or tuning_file()
     if output is None:
         parser.error(f"{TUNING_FILE.name} is empty: name the table's file with --output")
@@ -144,11 +160,13 @@ def main(argv: Sequence[str]) -> int:
         say(f"# {collective}: {', '.join(algorithms)}", flush=True)
         winners = []
         for nbytes in sizes:
-            winner, seconds = fastest(collective, nbytes, algorithms, arguments.rounds,
-                                      arguments.round_bytes, comm)
-            winners.append((nbytes, winner))
-            times = "  ".join(f"{a} {seconds[a] * 1e6:.1f}" for a in algorithms)
-            say(f"{collective:>13} {nbytes:>10}  {times}  -> {winner}", flush=True)
+            seconds = times(collective, nbytes, algorithms, arguments.rounds,
+                            arguments.round_bytes, comm)
+            chosen = winner(seconds, default_choice(collective, nbytes, ranks, settings),
+                            arguments.tolerance)
+            winners.append((nbytes, chosen))
+            shown = "  ".join(f"{a} {seconds[a] * 1e6:.1f}" for a in algorithms)
+            say(f"{collective:>13} {nbytes:>10}  {shown}  -> {chosen}", flush=True)
         table[collective] = ranges_of(winners, settings.segment_bytes)
     library = MPI.Get_library_version().strip().splitlines()[0]
     tuned = TuningTable(key_of(library, world().node_keys), {ranks: table},
