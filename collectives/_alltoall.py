@@ -13,12 +13,13 @@ from ._buffers import device_tensor, results_like
 from ._calls import collective_call
 from ._checks import check_splits, check_splittable, flat, input_array
 from ._executor import Handle
+from ._group import Group
 from ._memory import AWARE, HOST, goes_direct
 from ._placement import memory_for, staged
 from ._ops import COPY_DTYPES, check_dtype
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import auto_choice, requested
-from .config import current_settings
+from .config import Settings, current_settings
 
 
 def alltoall(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = None,
@@ -79,8 +80,8 @@ def _prepare(tensor: Any, splits: Any, name: str | None, process_set: ProcessSet
     def run() -> tuple[Any, np.ndarray]:
         with memory.entered(*([] if on_device is None else [on_device])):
             agree(group, call)
-            received_splits, algorithm = exchange_splits(group, send_splits, row_bytes,
-                                                         chosen, settings)
+            received_splits, algorithm = _exchange_splits(group, send_splits, row_bytes,
+                                                          chosen, settings)
             output = memory.new(array, (int(received_splits.sum()), *row_shape))
             sent = (send_splits * row_bytes).tolist()
             received = (received_splits * row_bytes).tolist()
@@ -97,8 +98,8 @@ def _prepare(tensor: Any, splits: Any, name: str | None, process_set: ProcessSet
     return run
 
 
-def exchange_splits(group: Any, send_splits: np.ndarray, row_bytes: int, chosen: str,
-                    settings: Any) -> tuple[np.ndarray, str]:
+def _exchange_splits(group: Group, send_splits: np.ndarray, row_bytes: int, chosen: str,
+                     settings: Settings) -> tuple[np.ndarray, str]:
     """How many rows each rank sends us, and the algorithm: ``auto`` resolved from the
     mean send buffer, which every rank learns from the whole matrix of splits."""
     received_splits = np.empty(group.size, np.int64)

@@ -16,10 +16,12 @@ import dataclasses
 import warnings
 from collections.abc import Sequence
 
+from mpi4py import MPI
+
 from ..variables import TUNING_FILE, tuning_file
 from .errors import MismatchError
 from .logs import LOGGER
-from .tuning import TableError, TuningKey, TuningTable, digest, install, parse_table
+from .tuning import TableError, TuningKey, TuningTable, digest, install, key_of, parse_table
 
 MISSING = "missing"
 
@@ -46,6 +48,11 @@ class Found:
     def exchanged(self) -> tuple[str | None, str]:
         """What the ranks exchange of it."""
         return self.path, self.identity
+
+
+def job_key(node_keys: Sequence[int]) -> TuningKey:
+    """This job's key: the MPI library loaded, and each rank's node (``node_keys``)."""
+    return key_of(MPI.Get_library_version().strip().splitlines()[0], node_keys)
 
 
 def read_tuning_file() -> Found:

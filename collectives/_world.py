@@ -19,11 +19,11 @@ from ._timeline_job import finish as finish_timeline
 from ._timeline_job import merge_at_exit
 from .config import current_settings
 from .cuda_aware import CudaAwareness, cuda_awareness, query_mpi_library
-from ._tuning_load import agree_on_table, read_tuning_file
+from ._tuning_load import agree_on_table, job_key, read_tuning_file
 from .errors import MismatchError, NotInitializedError, set_rank
 from .gpu_choice import GPU_CHOICE_VARIABLE, GpuChoice, choose_gpu
 from .logs import LOGGER, configure_logging
-from .tuning import install, key_of
+from .tuning import install
 
 
 @dataclasses.dataclass
@@ -109,8 +109,7 @@ def init(comm: MPI.Comm | None = None) -> None:
     # Ranks on one node share its cores: parallel host kernels take their share only.
     set_host_threads(max(1, _usable_cores() // local_comm.Get_size()))
     try:
-        library = MPI.Get_library_version().strip().splitlines()[0]
-        agree_on_table(tuning, [found for _, found in gathered], key_of(library, node_keys))
+        agree_on_table(tuning, [found for _, found in gathered], job_key(node_keys))
     except MismatchError:
         shutdown()  # on every rank alike: init may be called again
         raise

@@ -32,7 +32,8 @@ from ...atomic_file import write_atomically
 from ...variables import ALGORITHMS, TUNING_FILE, tuning_file
 from .._topology import HIERARCHICAL, layout_of
 from .._world import world
-from ..tuning import TUNABLE, Range, TuningTable, default_choice, key_of
+from .._tuning_load import job_key
+from ..tuning import TUNABLE, Range, TuningTable, default_choice
 from .cases import HOST, Case, Variant
 from .measure import modes_of, time_calls
 from .options import NATIVE, Options, add_size_arguments, parsed_sizes, size_argument
@@ -168,8 +169,7 @@ def main(argv: Sequence[str]) -> int:
             shown = "  ".join(f"{a} {seconds[a] * 1e6:.1f}" for a in algorithms)
             say(f"{collective:>13} {nbytes:>10}  {shown}  -> {chosen}", flush=True)
         table[collective] = ranges_of(winners, settings.segment_bytes)
-    library = MPI.Get_library_version().strip().splitlines()[0]
-    tuned = TuningTable(key_of(library, world().node_keys), {ranks: table},
+    tuned = TuningTable(job_key(world().node_keys), {ranks: table},
                         shlex.join(["ringtrain-bench", "--tune", *argv]))
     if rank == 0:
         directory = os.path.dirname(os.path.abspath(output))
