@@ -214,7 +214,7 @@ def ranks_loading_different_tables_get_a_mismatch_on_every_rank():
         os.environ[TUNING_FILE.name] = odd if me == k - 1 else same
         error = expect_raises(rt.MismatchError, rt.init, match=(
             f"rank {k - 1} sent tuning file '{odd}'",
-            f"{'rank 0' if k == 2 else f'ranks 0,1'} sent tuning file '{same}'",
+            f"{'rank 0' if k == 2 else 'ranks 0,1'} sent tuning file '{same}'",
             "contents", TUNING_FILE.name))
         assert sorted(error.differences["tuning file"]) == list(range(k))
         assert not rt.is_initialized()
