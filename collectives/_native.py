@@ -67,7 +67,8 @@ def allgather(group: Group, mine: Any, gathered: Any, sizes: Sequence[int],
               **phase_args: Any) -> None:
     """``MPI_Allgatherv`` of each rank's bytes ``mine`` into ``gathered``, rank r's
     ``sizes[r]`` bytes after those of the ranks before it (``MPI_Allgather`` when every
-    rank sends as many: MPICH's is several times faster for large messages)."""
+    rank sends as many: MPICH's is several times faster for large messages, see
+    benchmarks/native_forms.py)."""
     with phase("MPI allgather", bytes=sum(sizes), **phase_args):
         if len(set(sizes)) == 1:
             group.comm.Allgather([mine, MPI.BYTE], [gathered, MPI.BYTE])
