@@ -49,8 +49,8 @@ TUNABLE = ("allreduce", "broadcast", "allgather", "reducescatter", "alltoall")
 """The collectives a table covers."""
 
 SMALL_MESSAGE_BYTES = 4096
-"""Up to this size the built-in table keeps ringtrain's own algorithms, whose agreement
-rides with the data."""
+"""Up to this size the built-in table keeps ringtrain's own algorithms (the small-message
+path, whose cost is the agreement check)."""
 
 NATIVE_ALLREDUCE_MAX_BYTES = 512 * 1024
 """The built-in table's allreduce of two ranks: MPI's own above the small messages, up to
@@ -174,8 +174,9 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
     """The built-in table: ``auto``'s choice without a tuned table.
 
     Up to :data:`SMALL_MESSAGE_BYTES` ringtrain's own algorithms (recursive doubling
-    up to ``recursive_doubling_max_bytes`` for allreduce; the binomial tree for
-    broadcast; the ring, the pairwise exchange), whose agreement rides with the data;
+    up to ``recursive_doubling_max_bytes`` for allreduce; the binomial tree, or the
+    pipeline from ``broadcast_pipeline_min_bytes``, for broadcast; the ring, the pairwise
+    exchange);
     above it MPI's own, which was measured faster on one node, but for the large
     allreduces of two ranks (above :data:`NATIVE_ALLREDUCE_MAX_BYTES`), where
     ringtrain's ring is faster.
