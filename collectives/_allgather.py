@@ -18,9 +18,9 @@ from ._memory import AWARE, HOST, HostMemory, goes_direct
 from ._placement import memory_for, staged
 from ._ops import COPY_DTYPES, check_dtype
 from ._process_sets import ProcessSet, resolve_group
-from ._selection import allgather_algorithm
+from ._selection import auto_choice, requested
 from ._topology import NodeLayout, hierarchy_for, layout_of
-from .config import current_settings
+from .config import Settings, current_settings
 
 
 def allgather(tensor: np.ndarray, name: str | None = None,
@@ -35,7 +35,8 @@ def allgather(tensor: np.ndarray, name: str | None = None,
         tensor: this rank's rows.
         name: names the tensor in error messages; the same on every rank.
         process_set: the ranks taking part (default: all).
-        algorithm: ``ring``, ``hierarchical``, ``native`` or ``auto`` (``ring``).
+        algorithm: ``ring``, ``hierarchical``, ``native`` or ``auto`` (the tuning
+            table's choice for the gathered size).
 
     Returns:
         A new array of shape ``(sum of first dimensions, *tensor.shape[1:])``.
@@ -57,13 +58,15 @@ def allgather_async(tensor: np.ndarray, name: str | None = None,
 def gather_rows(group: Group, rows: Any, row_shape: tuple[int, ...], algorithm: str,
                 layout: NodeLayout | None = None, segment_bytes: int = 0,
                 memory: HostMemory = HOST, like: Any = None,
+                settings: Settings | None = None,
                 counts: np.ndarray | None = None) -> tuple[Any, np.ndarray]:
     """The data phase of an allgather, after agreement: exchange row counts (unless
     ``counts`` gives every rank's already), then rows.
 
     ``rows`` is a host array or, for ``native`` only, the memory of device tensor
     ``like`` (whose kind the output takes) with its ``memory``. ``hierarchical`` needs
-    the agreed ``layout`` and the segment size.
+    the agreed ``layout`` and the segment size. ``auto`` (with ``settings``) is resolved
+    from the gathered size once the row counts are known.
 
     Returns:
         The gathered rows and the number of rows each rank sent.
@@ -77,6 +80,9 @@ def gather_rows(group: Group, rows: Any, row_shape: tuple[int, ...], algorithm: 
     row_bytes = dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
     sizes = (counts * row_bytes).tolist()
     bounds = [0, *np.cumsum(sizes).tolist()]
+    if algorithm == "auto":
+        algorithm = auto_choice("allgather", bounds[-1], group.size,
+                                settings or current_settings(), layout)
     if algorithm == "native":
         if sum(sizes):
             _native.allgather(group, memory.for_mpi(rows, np.uint8),
@@ -110,11 +116,14 @@ def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
                     memory=AWARE, **{"shape[1:]": row_shape})
     else:
         memory, rows = HOST, array.reshape(1) if array.ndim == 0 else array
-        row_bytes = array.dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
-        chosen = allgather_algorithm(algorithm, row_bytes * group.size, settings, name)
+        chosen = requested("allgather", algorithm, settings, name)
         layout = layout_of(group, settings)
+        row_bytes = array.dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
+        if chosen == "auto" and auto_choice("allgather", row_bytes * group.size, group.size,
+                                            settings, layout) == "recursive_doubling":
+            chosen = "recursive_doubling"  # decided on the row size, which all ranks share
         extra = {"layout": layout.describe(), "segment_bytes": settings.segment_bytes} \
-            if chosen == "hierarchical" else {}
+            if chosen == "hierarchical" or chosen == "auto" and layout.pays_off else {}
         call = Call(collective="allgather", name=name, dtype=array.dtype,
                     algorithm=chosen, **{"shape[1:]": rows.shape[1:]}, **extra)
 
@@ -125,7 +134,7 @@ def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
         with memory.entered(*([] if on_device is None else [on_device])):
             agree(group, call)
             return gather_rows(group, rows, row_shape, chosen, layout, settings.segment_bytes,
-                               memory, on_device)[0]
+                               memory, on_device, settings)[0]
 
     return run
 
@@ -138,8 +147,9 @@ def _carried(group: Group, call: Call, rows: np.ndarray,
     rank's rows as if all ranks had as many as this one: each rank fills its count and
     its rows and zeros elsewhere, and the ranks combine by bitwise or. When every count
     is the same (the usual case), every rank made the same choice and the rows have
-    arrived; otherwise the ranks, all knowing every count now, gather the rows with the
-    ring (the payloads, of different lengths, are not used).
+    arrived; otherwise the ranks, all knowing every count now, gather the rows as
+    ``auto`` chooses for their total size (the payloads, of different lengths, are not
+    used).
     """
     size, rank = group.size, group.rank
     count_bytes = 8 * size
@@ -160,4 +170,4 @@ def _carried(group: Group, call: Call, rows: np.ndarray,
         output = np.empty((rows.shape[0] * size, *row_shape), rows.dtype)
         output.reshape(-1).view(np.uint8)[:] = received[count_bytes:]
         return output
-    return gather_rows(group, rows, row_shape, "ring", counts=counts.copy())[0]
+    return gather_rows(group, rows, row_shape, "auto", counts=counts.copy())[0]

@@ -13,12 +13,13 @@ from ._buffers import device_tensor, results_like
 from ._calls import collective_call
 from ._checks import check_splits, check_splittable, flat, input_array
 from ._executor import Handle
+from ._group import Group
 from ._memory import AWARE, HOST, goes_direct
 from ._placement import memory_for, staged
 from ._ops import COPY_DTYPES, check_dtype
 from ._process_sets import ProcessSet, resolve_group
-from ._selection import simple_algorithm
-from .config import current_settings
+from ._selection import auto_choice, requested
+from .config import Settings, current_settings
 
 
 def alltoall(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = None,
@@ -71,7 +72,7 @@ def _prepare(tensor: Any, splits: Any, name: str | None, process_set: ProcessSet
                     memory=AWARE, **{"shape[1:]": row_shape})
     else:
         memory, send = HOST, flat(array).view(np.uint8)
-        chosen = simple_algorithm("alltoall", algorithm, settings, name)
+        chosen = requested("alltoall", algorithm, settings, name)
         call = Call(collective="alltoall", name=name, dtype=array.dtype, algorithm=chosen,
                     **{"shape[1:]": array.shape[1:]})
     row_bytes = array.dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
@@ -79,12 +80,12 @@ def _prepare(tensor: Any, splits: Any, name: str | None, process_set: ProcessSet
     def run() -> tuple[Any, np.ndarray]:
         with memory.entered(*([] if on_device is None else [on_device])):
             agree(group, call)
-            received_splits = np.empty(group.size, np.int64)
-            group.comm.Alltoall(send_splits, received_splits)
+            received_splits, algorithm = _exchange_splits(group, send_splits, row_bytes,
+                                                          chosen, settings)
             output = memory.new(array, (int(received_splits.sum()), *row_shape))
             sent = (send_splits * row_bytes).tolist()
             received = (received_splits * row_bytes).tolist()
-            if chosen == "native":
+            if algorithm == "native":
                 _native.alltoall(group, memory.for_mpi(send, np.uint8), sent,
                                  memory.for_mpi(output, np.uint8), received,
                                  **memory.phase_args)
@@ -95,3 +96,18 @@ def _prepare(tensor: Any, splits: Any, name: str | None, process_set: ProcessSet
             return output, received_splits
 
     return run
+
+
+def _exchange_splits(group: Group, send_splits: np.ndarray, row_bytes: int, chosen: str,
+                     settings: Settings) -> tuple[np.ndarray, str]:
+    """How many rows each rank sends us, and the algorithm: ``auto`` resolved from the
+    mean send buffer, which every rank learns from the whole matrix of splits."""
+    received_splits = np.empty(group.size, np.int64)
+    if chosen != "auto":
+        group.comm.Alltoall(send_splits, received_splits)
+        return received_splits, chosen
+    matrix = np.empty((group.size, group.size), np.int64)
+    group.comm.Allgather(send_splits, matrix)
+    received_splits[:] = matrix[:, group.rank]
+    nbytes = int(matrix.sum()) * row_bytes // group.size
+    return received_splits, auto_choice("alltoall", nbytes, group.size, settings)

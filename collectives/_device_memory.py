@@ -162,7 +162,8 @@ class IpcMemory(StagedMemory):
             if _ipc.allreduce(_ipc.node_buffers(group, self.ordinal), source, result, op,
                               finished, encoding):
                 return
-            algorithm = host_allreduce_algorithm(self.nbytes(source), current_settings())
+            algorithm = host_allreduce_algorithm(self.nbytes(source), group.size,
+                                                 current_settings())
         super().reduce(group, algorithm, source, result, op, combine, finish, segment_bytes,
                        encoding, layout)
 

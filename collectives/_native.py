@@ -66,18 +66,27 @@ def broadcast(group: Group, data: Any, root: int, nbytes: int, **phase_args: Any
 def allgather(group: Group, mine: Any, gathered: Any, sizes: Sequence[int],
               **phase_args: Any) -> None:
     """``MPI_Allgatherv`` of each rank's bytes ``mine`` into ``gathered``, rank r's
-    ``sizes[r]`` bytes after those of the ranks before it."""
+    ``sizes[r]`` bytes after those of the ranks before it (``MPI_Allgather`` when every
+    rank sends as many: MPICH's is several times faster for large messages, see
+    benchmarks/native_forms.py)."""
     with phase("MPI allgather", bytes=sum(sizes), **phase_args):
-        group.comm.Allgatherv(mine, [gathered, list(sizes), offsets(sizes), MPI.BYTE])
+        if len(set(sizes)) == 1:
+            group.comm.Allgather([mine, MPI.BYTE], [gathered, MPI.BYTE])
+        else:
+            group.comm.Allgatherv(mine, [gathered, list(sizes), offsets(sizes), MPI.BYTE])
 
 
 def alltoall(group: Group, send: Any, sent: Sequence[int], receive: Any,
              received: Sequence[int], **phase_args: Any) -> None:
     """``MPI_Alltoallv`` of bytes: ``sent[r]`` bytes to rank r, ``received[r]`` from it,
-    each block after the ones before it."""
+    each block after the ones before it (``MPI_Alltoall`` when every block has the same
+    size)."""
     with phase("MPI alltoall", bytes=sum(sent), **phase_args):
-        group.comm.Alltoallv([send, list(sent), offsets(sent), MPI.BYTE],
-                             [receive, list(received), offsets(received), MPI.BYTE])
+        if len(set(sent) | set(received)) == 1:
+            group.comm.Alltoall([send, MPI.BYTE], [receive, MPI.BYTE])
+        else:
+            group.comm.Alltoallv([send, list(sent), offsets(sent), MPI.BYTE],
+                                 [receive, list(received), offsets(received), MPI.BYTE])
 
 
 def reducescatter(group: Group, send: Any, receive: Any, counts: Sequence[int], op: ReduceOp,

@@ -102,7 +102,7 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
                     compression=compression.name)
     else:
         memory, source = HOST, flat(array)
-        chosen = reducescatter_algorithm(algorithm, array.nbytes, settings, name)
+        chosen = reducescatter_algorithm(algorithm, array.nbytes, group.size, settings, name)
         call = Call(collective="reducescatter", name=name, op=op.name, dtype=array.dtype,
                     shape=array.shape, algorithm=chosen,
                     segment_bytes=settings.segment_bytes if chosen == "ring" else None,

@@ -1,28 +1,29 @@
-"""The automatic choice of algorithm, by message size and world size.
+"""The automatic choice of algorithm, by message size and group size.
 
-allreduce: recursive doubling up to ``recursive_doubling_max_bytes`` (fewest messages:
-lg p rounds; up to the agreement's payload capacity the data travels in the agreement's
-own messages), the ring above it (least data per rank: 2(p-1)/p*n, reduced in cached
-segments); device tensors of ranks on one node are reduced on the GPUs through CUDA IPC
-(``ipc``) from ``ipc_min_bytes`` on. broadcast, allgather and reducescatter up to
-``CARRIED_MAX_BYTES``: ``recursive_doubling``, the data in the agreement's messages. Above
-it, broadcast: one direct send for two ranks, a binomial tree below
-``broadcast_pipeline_min_bytes``, the pipelined chain from it on; allgather and
-reducescatter: the ring. alltoall: the pairwise exchange. Thresholds are settings (see
-``config``), and ``algorithm=`` on a call overrides the choice."""
+``auto`` follows the tuning table in force (see :mod:`.tuning`): the tuned one that
+``init`` loaded, for the sizes and group sizes it covers, else the built-in one. The
+built-in table keeps ringtrain's own algorithms up to 4 KiB (allreduce: recursive
+doubling up to ``recursive_doubling_max_bytes``; broadcast, allgather and
+reducescatter: ``recursive_doubling``, their data in the agreement's own messages;
+alltoall: the pairwise exchange) and takes MPI's own above, but for the large
+allreduces of two ranks (the ring). Device tensors of
+ranks on one node are reduced on the GPUs through CUDA IPC (``ipc``) from
+``ipc_min_bytes`` on. ``algorithm=`` on a call, then the ``*_algorithm`` settings,
+override the choice.
+
+When the ranks span several nodes and some node holds more than one of them, allreduce
+and broadcast of at least ``hierarchical_min_bytes`` that no tuned range covers use the
+``hierarchical`` algorithm (see ``_hierarchical``): it sends each byte across nodes once
+per node rather than once per rank.
+"""
 
 from __future__ import annotations
 
-from ._topology import NodeLayout
+from ._topology import HIERARCHICAL, NodeLayout
 from .config import ALGORITHMS, Settings
 from .errors import InvalidArgumentError, subject
+from .tuning import choose, default_choice, tuned_choice
 
-CARRIED_MAX_BYTES = 4096
-"""Broadcasts, allgathers (the whole gathered array) and reduce-scatters (the whole
-array) up to this size travel in the agreement's own messages (``recursive_doubling``:
-one exchange, in lg p steps, carries the check and the data)."""
-
-_DEFAULTS = {"allgather": "ring", "reducescatter": "ring", "alltoall": "pairwise"}
 _HOST_ALLREDUCE = tuple(a for a in ALGORITHMS["allreduce"] if a not in ("auto", "ipc"))
 
 
@@ -51,9 +52,7 @@ def allreduce_algorithm(algorithm: str | None, nbytes: int, size: int, settings:
         choice = "auto"
     if choice != "auto":
         return choice
-    if _hierarchical_pays(layout, nbytes, settings):
-        return "hierarchical"
-    return host_allreduce_algorithm(nbytes, settings)
+    return _table_choice("allreduce", nbytes, size, settings, layout)
 
 
 ADASUM = "adasum"
@@ -79,9 +78,12 @@ def adasum_algorithm(algorithm: str | None, collective: str, name: str | None,
     return ADASUM
 
 
-def host_allreduce_algorithm(nbytes: int, settings: Settings) -> str:
-    """``auto``'s choice between the algorithms that need no node layout."""
-    return "recursive_doubling" if nbytes <= settings.recursive_doubling_max_bytes else "ring"
+def host_allreduce_algorithm(nbytes: int, size: int, settings: Settings) -> str:
+    """``auto``'s allreduce where the node layout is not known: as the tables say,
+    ``hierarchical`` excepted."""
+    found = choose("allreduce", nbytes, size, settings)
+    return found if found not in HIERARCHICAL else default_choice("allreduce", nbytes, size,
+                                                                   settings)
 
 
 def device_allreduce_algorithm(algorithm: str | None, nbytes: int, size: int,
@@ -115,41 +117,37 @@ def broadcast_algorithm(algorithm: str | None, nbytes: int, size: int, settings:
     choice = requested("broadcast", algorithm, settings, name)
     if choice != "auto":
         return choice
-    if _hierarchical_pays(layout, nbytes, settings):
-        return "hierarchical"
-    if nbytes <= CARRIED_MAX_BYTES:
-        return "recursive_doubling"
-    if size <= 2 or nbytes < settings.broadcast_pipeline_min_bytes:
-        return "binomial"
-    return "pipeline"
+    return _table_choice("broadcast", nbytes, size, settings, layout)
 
 
-def allgather_algorithm(algorithm: str | None, nbytes: int, settings: Settings,
-                        name: str | None) -> str:
-    """Choose the allgather algorithm (``nbytes``: the gathered array of one row per
-    rank, which every rank knows alike)."""
-    choice = requested("allgather", algorithm, settings, name)
-    if choice != "auto":
-        return choice
-    return "recursive_doubling" if nbytes <= CARRIED_MAX_BYTES else _DEFAULTS["allgather"]
-
-
-def reducescatter_algorithm(algorithm: str | None, nbytes: int, settings: Settings,
-                            name: str | None) -> str:
-    """Choose the reducescatter algorithm (``nbytes``: the whole array)."""
+def reducescatter_algorithm(algorithm: str | None, nbytes: int, size: int,
+                            settings: Settings, name: str | None) -> str:
+    """Choose the reducescatter algorithm (``nbytes``: the whole input)."""
     choice = requested("reducescatter", algorithm, settings, name)
-    if choice != "auto":
-        return choice
-    return "recursive_doubling" if nbytes <= CARRIED_MAX_BYTES else _DEFAULTS["reducescatter"]
+    return auto_choice("reducescatter", nbytes, size, settings) if choice == "auto" \
+        else choice
 
 
-def simple_algorithm(collective: str, algorithm: str | None, settings: Settings,
-                     name: str | None) -> str:
-    """Choose the algorithm of allgather, reducescatter or alltoall."""
-    choice = requested(collective, algorithm, settings, name)
-    return _DEFAULTS[collective] if choice == "auto" else choice
+def auto_choice(collective: str, nbytes: int, size: int, settings: Settings,
+                layout: NodeLayout | None = None) -> str:
+    """``auto``'s algorithm of allgather, reducescatter or alltoall for ``nbytes`` in
+    nccl-tests' convention (see :mod:`.tuning`). allgather and alltoall, whose sizes
+    differ between ranks, call it once the ranks have exchanged their sizes (their
+    signatures carry ``auto``): the ranks' tuning tables were found equal at init, so
+    they resolve it alike."""
+    return _table_choice(collective, nbytes, size, settings, layout, False)
 
 
-def _hierarchical_pays(layout: NodeLayout | None, nbytes: int, settings: Settings) -> bool:
-    return layout is not None and layout.pays_off and \
-        nbytes >= settings.hierarchical_min_bytes
+def _table_choice(collective: str, nbytes: int, size: int, settings: Settings,
+                  layout: NodeLayout | None, hierarchical_above: bool = True) -> str:
+    tuned = tuned_choice(collective, nbytes, size)
+    if tuned is not None and (tuned not in HIERARCHICAL or _spans_nodes(layout)):
+        return tuned
+    if hierarchical_above and _spans_nodes(layout) and \
+            nbytes >= settings.hierarchical_min_bytes:
+        return "hierarchical"
+    return default_choice(collective, nbytes, size, settings)
+
+
+def _spans_nodes(layout: NodeLayout | None) -> bool:
+    return layout is not None and layout.pays_off

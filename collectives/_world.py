@@ -19,9 +19,11 @@ from ._timeline_job import finish as finish_timeline
 from ._timeline_job import merge_at_exit
 from .config import current_settings
 from .cuda_aware import CudaAwareness, cuda_awareness, query_mpi_library
-from .errors import NotInitializedError, set_rank
+from ._tuning_load import agree_on_table, job_key, read_tuning_file
+from .errors import MismatchError, NotInitializedError, set_rank
 from .gpu_choice import GPU_CHOICE_VARIABLE, GpuChoice, choose_gpu
 from .logs import LOGGER, configure_logging
+from .tuning import install
 
 
 @dataclasses.dataclass
@@ -82,7 +84,9 @@ def init(comm: MPI.Comm | None = None) -> None:
     world_ranks = tuple(range(own.Get_size()))
     local_comm = own.Split_type(MPI.COMM_TYPE_SHARED, key=own.Get_rank())
     cross_comm = own.Split(color=local_comm.Get_rank(), key=own.Get_rank())
-    node_keys = tuple(own.allgather(local_comm.allreduce(own.Get_rank(), MPI.MIN)))
+    tuning = read_tuning_file()
+    gathered = own.allgather((local_comm.allreduce(own.Get_rank(), MPI.MIN), tuning.exchanged))
+    node_keys = tuple(node for node, _ in gathered)
     _generation += 1
     group = Group(own, world_ranks)
     open_channels(group)
@@ -104,6 +108,11 @@ def init(comm: MPI.Comm | None = None) -> None:
     LOGGER.info("GPU: %s", _world.gpu)
     # Ranks on one node share its cores: parallel host kernels take their share only.
     set_host_threads(max(1, _usable_cores() // local_comm.Get_size()))
+    try:
+        agree_on_table(tuning, [found for _, found in gathered], job_key(node_keys))
+    except MismatchError:
+        shutdown()  # on every rank alike: init may be called again
+        raise
 
 
 def _cuda_awareness() -> CudaAwareness:
@@ -156,6 +165,7 @@ def shutdown() -> None:
         world.stall_inspector.stop()
     finish_timeline()
     timeline.stop_timeline()
+    install(None)
     _world = None
     set_rank(None)
     timeline.set_world(None)

@@ -40,13 +40,14 @@ class Settings:
         allgather_algorithm: ``auto`` or one of ``ALGORITHMS["allgather"]``.
         reducescatter_algorithm: ``auto`` or one of ``ALGORITHMS["reducescatter"]``.
         alltoall_algorithm: ``auto`` or one of ``ALGORITHMS["alltoall"]``.
-        recursive_doubling_max_bytes: ``auto`` allreduce uses recursive doubling up to
-            this size, the ring above it.
+        recursive_doubling_max_bytes: without a tuned table, ``auto`` allreduce uses
+            recursive doubling up to this size (see :mod:`ringtrain.collectives.tuning`).
         segment_bytes: the ring and the pipelined broadcast move data in pieces of at
             most this size, so a received piece is reduced while it is still in cache
             and temporary memory stays at two pieces.
-        broadcast_pipeline_min_bytes: ``auto`` broadcast uses a binomial tree below this
-            size and the pipelined chain from it on.
+        broadcast_pipeline_min_bytes: without a tuned table, ``auto`` broadcast of up to
+            4 KiB uses a binomial tree below this size and the pipelined chain from it on
+            (MPI's own above 4 KiB).
         hierarchical_min_bytes: when the ranks span several nodes (and some node holds
             more than one of them), ``auto`` allreduce and broadcast use the
             hierarchical algorithms from this size on.

@@ -361,8 +361,8 @@ ALLTOALL_ALGORITHM = _setting(
     "the alltoall algorithm: auto or one of ALGORITHMS['alltoall']",
     _one_of("alltoall_algorithm", ALGORITHMS["alltoall"]))
 RECURSIVE_DOUBLING_MAX_BYTES = _setting(
-    "recursive_doubling_max_bytes", parse_size, 128 * 1024,
-    "auto allreduce uses recursive doubling up to this size, the ring above it",
+    "recursive_doubling_max_bytes", parse_size, 4 * 1024,
+    "without a tuned table, auto allreduce uses recursive doubling up to this size",
     _at_least("recursive_doubling_max_bytes", 0))
 SEGMENT_BYTES = _setting(
     "segment_bytes", parse_size, 256 * 1024,
@@ -370,7 +370,7 @@ SEGMENT_BYTES = _setting(
     _at_least("segment_bytes", 64))
 BROADCAST_PIPELINE_MIN_BYTES = _setting(
     "broadcast_pipeline_min_bytes", parse_size, 512 * 1024,
-    "auto broadcast uses a binomial tree below this size, the pipelined chain from it on",
+    "without a tuned table, auto broadcast of up to 4 KiB is pipelined from this size on",
     _at_least("broadcast_pipeline_min_bytes", 0))
 HIERARCHICAL_MIN_BYTES = _setting(
     "hierarchical_min_bytes", parse_size, 256 * 1024,
@@ -421,6 +421,24 @@ GPU_BY_LOCAL_RANK: Variable[bool] = _declare(Variable(
     switch("each rank uses the GPU at its local rank", "leave the choice to the application"),
     True, "1: init makes the GPU at the local rank current unless one was chosen; 0: off",
     policy=RAISE, blank_is_unset=True))
+
+TUNING_FILE: Variable[str | None] = _declare(Variable(
+    "RINGTRAIN_TUNING_FILE", parse_text, None,
+    "the tuning table init loads and ringtrain-bench --tune writes; unset: "
+    "$XDG_CACHE_HOME/ringtrain/tuning.json (else ~/.cache/...); empty: none"))
+
+
+def tuning_file(environ: Mapping[str, str] | None = None) -> str | None:
+    """The tuning table's path: ``RINGTRAIN_TUNING_FILE``, else ``tuning.json`` under
+    the user's cache directory (``$XDG_CACHE_HOME/ringtrain``, else
+    ``~/.cache/ringtrain``); None when the variable is set but empty (no table)."""
+    environ = os.environ if environ is None else environ
+    path = TUNING_FILE.read(environ)
+    if path is not None:
+        return path.strip() or None
+    cache = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "ringtrain", "tuning.json")
+
 
 # Set by ringtrain-run for the ranks.
 TIMELINE: Variable[str | None] = _declare(Variable(

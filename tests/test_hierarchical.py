@@ -20,6 +20,7 @@ import pytest
 
 from mpi_launch import ROOT, run_mpi
 from ringtrain.collectives._selection import allreduce_algorithm, broadcast_algorithm
+from ringtrain.collectives.tuning import default_choice
 from ringtrain.collectives._topology import NodeLayout
 from ringtrain.collectives.config import Settings
 
@@ -63,10 +64,11 @@ def test_auto_goes_hierarchical_only_across_nodes_and_above_the_threshold(sizes,
     shape = layout(*sizes)
     size = sum(sizes)
     big = allreduce_algorithm(None, 1 << 20, size, settings, "t", shape)
-    assert big == ("hierarchical" if pays else "ring")
-    assert allreduce_algorithm(None, (1 << 20) - 1, size, settings, "t", shape) == "ring"
+    flat = default_choice("allreduce", 1 << 20, size, settings)
+    assert big == ("hierarchical" if pays else flat)
+    assert allreduce_algorithm(None, (1 << 20) - 1, size, settings, "t", shape) == flat
     assert broadcast_algorithm(None, 1 << 20, size, settings, "t", shape) == \
-        ("hierarchical" if pays else "pipeline" if size > 2 else "binomial")
+        ("hierarchical" if pays else "native")
     for forced in ("ring", "native", "node_leader"):
         assert allreduce_algorithm(forced, 1 << 20, size, settings, "t", shape) == forced
     assert allreduce_algorithm(None, 1 << 20, size, Settings(allreduce_algorithm="ring"), "t",

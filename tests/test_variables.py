@@ -101,8 +101,8 @@ def test_every_variable_is_declared_once_with_a_parser_and_a_default():
         assert variable.description and "\n" not in variable.description
         assert variable.policy in (WARN, RAISE)
         assert variable.read({}) == variable.default
-    assert set(MALFORMED) | set(WELL_FORMED) | {"RINGTRAIN_TIMELINE",
-                                                 "RINGTRAIN_ELASTIC_DIR"} == set(VARIABLES)
+    assert set(MALFORMED) | set(WELL_FORMED) | {"RINGTRAIN_TIMELINE", "RINGTRAIN_ELASTIC_DIR",
+                                                 "RINGTRAIN_TUNING_FILE"} == set(VARIABLES)
 
 
 def test_only_the_cuda_aware_override_and_the_gpu_choice_raise():

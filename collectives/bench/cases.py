@@ -157,6 +157,11 @@ class Case:
             return self._ringtrain(algorithm, in_place, self.device_send, self.device_work)
         return self._ringtrain(algorithm, in_place, self.send, self.work)
 
+    def ringtrain_call(self, algorithm: str, in_place: bool) -> Call:
+        """One call of ringtrain's collective with ``algorithm`` on host buffers
+        (``native`` too: MPI's own collective behind ringtrain's agreement check)."""
+        return self._ringtrain(algorithm, in_place, self.send, self.work)
+
     def host_copy(self, result: Any) -> np.ndarray:
         """A numpy copy of a call's result, fetched from the GPU if it is there."""
         if isinstance(result, np.ndarray):

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from mpi4py import MPI
 
 from ... import collectives as rt
-from . import report
+from . import report, tune
 from .cases import CUDA, HOST, Case, Variant, bus_factor, native_runs, variants
 from .devices import DeviceArrays, NoDevice, open_device
 from .measure import Measurement, measure
@@ -21,9 +21,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark on every rank; rank 0 prints. Returns 1 if any result was wrong.
 
     Bad arguments exit with status 2 and a one-line message before any measurement, and
-    so does ``--device cuda`` where a rank finds no CUDA device.
+    so does ``--device cuda`` where a rank finds no CUDA device. ``--tune`` measures
+    every collective and writes the tuning table instead (see :mod:`.tune`).
     """
-    options = parse_options(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--tune" in argv:
+        argv.remove("--tune")
+        return tune.main(argv)
+    options = parse_options(argv)
     rt.init()
     comm = MPI.COMM_WORLD
     rank, ranks = comm.Get_rank(), comm.Get_size()

@@ -42,10 +42,22 @@ def measure(case: Case, options: Options) -> dict[tuple[Variant, bool], Measurem
     Each round runs every variant and mode once, one after the other, so that noise
     on a shared machine hits them alike; the median round is reported.
     """
-    modes = (False, True) if case.in_place else (False,)
     made = {(variant, in_place): case.call(variant.algorithm, in_place, variant.memory)
-            for variant in variants(options) for in_place in modes}
-    calls = {key: call for key, call in made.items() if call is not None}
+            for variant in variants(options) for in_place in modes_of(case, options)}
+    return time_calls(case, options, {key: call for key, call in made.items()
+                                      if call is not None})
+
+
+def modes_of(case: Case, options: Options) -> tuple[bool, ...]:
+    """In place or not: out of place always, in place too where the collective has an
+    in-place form and ``options`` ask for it."""
+    return (False, True) if case.in_place and options.in_place else (False,)
+
+
+def time_calls(case: Case, options: Options, calls: dict[tuple[Variant, bool], Call]
+               ) -> dict[tuple[Variant, bool], Measurement]:
+    """Time (and, with ``options.check``, check) ``calls`` on ``case``: round after
+    round, each call in turn; the median round of each."""
     for call in calls.values():
         for _ in range(options.warmup):
             call()

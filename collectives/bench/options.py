@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,6 +59,9 @@ class Options:
             buffers and on numpy buffers, ``native`` on numpy buffers.
         device_library: which library makes the GPU buffers (see
             :data:`~.devices.LIBRARIES`); ``auto`` for a CPU run.
+        round_bytes, iteration_bounds: without ``iterations``, a round makes enough
+            calls to move ``round_bytes``, within ``iteration_bounds`` (fewest, most).
+        in_place: also time the in-place form where the collective has one.
     """
 
     collective: str
@@ -77,16 +80,20 @@ class Options:
     plot: str | None
     device: str = "cpu"
     device_library: str = "auto"
+    round_bytes: int = AUTO_ROUND_BYTES
+    iteration_bounds: tuple[int, int] = AUTO_ITERATIONS
+    in_place: bool = True
 
 
 def iterations_for(options: Options, nbytes: int) -> int:
     """Timed calls per round: ``-n`` if given, else enough calls to move
-    ``AUTO_ROUND_BYTES`` (many for small messages, whose few microseconds would otherwise
-    drown in the start and end of the round), within ``AUTO_ITERATIONS``."""
+    ``options.round_bytes`` (many for small messages, whose few microseconds would
+    otherwise drown in the start and end of the round), within
+    ``options.iteration_bounds``."""
     if options.iterations is not None:
         return options.iterations
-    low, high = AUTO_ITERATIONS
-    return max(low, min(high, AUTO_ROUND_BYTES // max(nbytes, 1)))
+    low, high = options.iteration_bounds
+    return max(low, min(high, options.round_bytes // max(nbytes, 1)))
 
 
 def sizes_between(minimum: int, maximum: int, factor: int) -> tuple[int, ...]:
@@ -102,11 +109,33 @@ def sizes_between(minimum: int, maximum: int, factor: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def _size(text: str) -> int:
+def size_argument(text: str) -> int:
+    """A size on the command line (see :func:`parse_size`), or an argparse error."""
     try:
         return parse_size(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_size_arguments(parser: argparse.ArgumentParser, maxbytes: int, stepfactor: int,
+                       range_help: str) -> None:
+    """``-b/--minbytes`` (default 8), ``-e/--maxbytes`` and ``-f/--stepfactor``."""
+    parser.add_argument("-b", "--minbytes", type=size_argument, default=8,
+                        help="smallest size (K/M/G suffixes, binary units; default 8)")
+    parser.add_argument("-e", "--maxbytes", type=size_argument, default=maxbytes,
+                        help=f"largest size (default {maxbytes >> 20}M){range_help}")
+    parser.add_argument("-f", "--stepfactor", type=int, default=stepfactor,
+                        help=f"multiply the size by this much per step (default {stepfactor})")
+
+
+def parsed_sizes(parser: argparse.ArgumentParser, arguments: argparse.Namespace,
+                 sizes: Callable[[int, int, int], tuple[int, ...]]) -> tuple[int, ...]:
+    """``sizes(minbytes, maxbytes, stepfactor)``; a ValueError ends the program with
+    status 2 and its message."""
+    try:
+        return sizes(arguments.minbytes, arguments.maxbytes, arguments.stepfactor)
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,12 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "MPI library's own collective ('native') measured in the same run "
                     "(and, with --device cuda, each algorithm on GPU and on host buffers).")
     parser.add_argument("collective", choices=COLLECTIVES)
-    parser.add_argument("-b", "--minbytes", type=_size, default=8,
-                        help="smallest size (K/M/G suffixes, binary units; default 8)")
-    parser.add_argument("-e", "--maxbytes", type=_size, default=32 << 20,
-                        help="largest size (default 32M)")
-    parser.add_argument("-f", "--stepfactor", type=int, default=2,
-                        help="multiply the size by this much per step (default 2)")
+    add_size_arguments(parser, 32 << 20, 2, "")
     parser.add_argument("-n", "--iters", type=int, default=None,
                         help="timed calls per round (default: enough to move "
                              f"{AUTO_ROUND_BYTES >> 20} MiB, from {AUTO_ITERATIONS[0]} "
@@ -163,10 +187,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     """Parse and check the command line; errors exit with status 2 and one line."""
     parser = build_parser()
     arguments = parser.parse_args(argv)
-    try:
-        sizes = sizes_between(arguments.minbytes, arguments.maxbytes, arguments.stepfactor)
-    except ValueError as error:
-        parser.error(str(error))
+    sizes = parsed_sizes(parser, arguments, sizes_between)
     algorithms = tuple(dict.fromkeys(a.strip() for a in arguments.algo.split(",") if a.strip()))
     offered = ALGORITHMS[arguments.collective] + (NATIVE,)
     unknown = [a for a in algorithms if a not in offered]

@@ -16,6 +16,7 @@ import ringtrain as rt
 from ringtrain.collectives._allreduce import allreduce_plan
 from ringtrain.collectives._topology import layout_of
 from ringtrain.collectives._world import world
+from ringtrain.collectives.tuning import default_choice
 from _harness import (COPY_DTYPES, OPS, REDUCE_DTYPES, Digests, all_inputs, assert_equal_arrays,
                       assert_reduced, check, configured, expect_raises, log, main, make_input,
                       reduce_reference)
@@ -151,7 +152,8 @@ def auto_chooses_hierarchical_on_several_nodes() -> None:
         assert big.algorithm == "hierarchical", big.algorithm
         assert big.call.fields["layout"] == layout().describe()
     else:
-        assert big.algorithm == "ring", big.algorithm
+        assert big.algorithm == default_choice("allreduce", x.nbytes, rt.size(),
+                                               rt.current_settings()), big.algorithm
         assert "layout" not in big.call.fields
 
 
