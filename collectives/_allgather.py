@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -118,7 +119,7 @@ def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
         memory, rows = HOST, array.reshape(1) if array.ndim == 0 else array
         chosen = requested("allgather", algorithm, settings, name)
         layout = layout_of(group, settings)
-        row_bytes = array.dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
+        row_bytes = array.dtype.itemsize * math.prod(row_shape)
         if chosen == "auto" and auto_choice("allgather", row_bytes * group.size, group.size,
                                             settings, layout) == "recursive_doubling":
             chosen = "recursive_doubling"  # decided on the row size, which all ranks share
@@ -166,7 +167,7 @@ def _carried(group: Group, call: Call, rows: np.ndarray,
     received = agree_carrying(group, call, BYTES, count_bytes + (size * mine if fits else 0),
                               fill, np.bitwise_or)
     counts = received[:count_bytes].view(np.int64)
-    if fits and (counts == rows.shape[0]).all():
+    if fits and counts.tolist() == [rows.shape[0]] * size:
         output = np.empty((rows.shape[0] * size, *row_shape), rows.dtype)
         output.reshape(-1).view(np.uint8)[:] = received[count_bytes:]
         return output
