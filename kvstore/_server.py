@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import pickle
 import sys
-import traceback
 from typing import Any
 
 import numpy as np
@@ -109,6 +108,9 @@ class Server:
         key = self.meta.get(slot, (f"(index {slot[0]})",))[0]
         sys.stderr.write(f"kvstore server rank {MPI.COMM_WORLD.Get_rank()}: "
                          f"{protocol.NAMES.get(operation, operation)} of key {key!r} from "
-                         f"worker {source} failed; ending the job\n{traceback.format_exc()}")
+                         f"worker {source} failed; ending the job\n")
         sys.stderr.flush()
+        # ringtrain-run's hook passes the traceback on and ends the job itself; an abort
+        # at once could end the job before the output reached the terminal.
+        sys.excepthook(*sys.exc_info())
         MPI.COMM_WORLD.Abort(1)
