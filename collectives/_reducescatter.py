@@ -116,9 +116,10 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
     combine = reducer(op.value, array.dtype)
     nbytes = array.size * array.dtype.itemsize
     if chosen == "recursive_doubling":
+        share = (rows[group.rank + 1] - rows[group.rank], *array.shape[1:])
         return lambda: _by_recursive_doubling(group, call, source, prescale_factor, combine,
-                                              finish, (rows[group.rank], rows[group.rank + 1]),
-                                              array.shape, settings.segment_bytes)
+                                              finish, bounds[group.rank], share,
+                                              settings.segment_bytes)
 
     def run() -> Any:
         with memory.entered(*([] if on_device is None else [on_device])):
@@ -188,10 +189,11 @@ def _compressed(array: np.ndarray, op: ReduceOp, name: str | None, prescale_fact
 
 def _by_recursive_doubling(group: Group, call: Call, source: np.ndarray,
                            prescale_factor: float, combine: Combine, finish: Finisher | None,
-                           own_rows: tuple[int, int], shape: tuple[int, ...],
+                           start: int, shape: tuple[int, ...],
                            segment_bytes: int) -> np.ndarray:
     """A reduce-scatter as an allreduce by recursive doubling of which this rank keeps
-    its rows: in the agreement's own messages when the array fits in them."""
+    its share (of ``shape``, from element ``start`` of the flat array): in the
+    agreement's own messages when the array fits in them."""
     if source.nbytes <= PAYLOAD_CAPACITY:
         reduced = agree_carrying(group, call, source.dtype, source.size,
                                  lambda data: scale_into(source, prescale_factor, data),
@@ -201,9 +203,8 @@ def _by_recursive_doubling(group: Group, call: Call, source: np.ndarray,
         reduced = np.empty_like(source)
         scale_into(source, prescale_factor, reduced)
         _recursive_doubling.allreduce(group, reduced, combine, segment_bytes)
-    row = int(np.prod(shape[1:], dtype=np.int64))
-    output = np.empty((own_rows[1] - own_rows[0], *shape[1:]), source.dtype)
-    share = reduced[own_rows[0] * row:own_rows[1] * row]
+    output = np.empty(shape, source.dtype)
+    share = reduced[start:start + output.size]
     if finish is None:
         np.copyto(output.reshape(-1), share)
     else:
