@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels import Compressor, FusionLayout, reducer
+from ..kernels import BFLOAT16, Compressor, FusionLayout, reducer
 from ..kernels.reduction import Combine
 from ._adasum import working_dtype
 from ._agreement import PAYLOAD_CAPACITY, Call
@@ -21,6 +21,15 @@ from ._selection import (ADASUM, adasum_algorithm, allreduce_algorithm,
                          device_allreduce_algorithm)
 from ._topology import HIERARCHICAL, NodeLayout, layout_of
 from .config import current_settings
+
+
+SIXTEEN_BIT_FLOATS = (np.dtype(np.float16), BFLOAT16)
+
+
+def mpi_reduces(dtype: np.dtype) -> bool:
+    """Whether the MPI library reduces values of ``dtype`` itself: not 16-bit floats
+    (float16, bfloat16), which it reduces only by calling back into ringtrain's kernels."""
+    return np.dtype(dtype) not in SIXTEEN_BIT_FLOATS
 
 
 def layout_field(layout: NodeLayout, algorithm: str) -> dict[str, str]:
@@ -82,7 +91,7 @@ class AllreducePlan:
         choose = device_allreduce_algorithm if self.memory == STAGED else allreduce_algorithm
         self.algorithm = ADASUM if adasum else choose(
             algorithm, array.size * wire_dtype.itemsize, self.group.size, self.settings, name,
-            self.layout)
+            self.layout, mpi_reduces(array.dtype))
         if self.algorithm == "ipc":
             self.memory = IPC
         self.call = Call(collective="allreduce", name=name, op=self.op.name,
@@ -189,7 +198,8 @@ class GroupedCall:
         choose = device_allreduce_algorithm if self.memory == STAGED else allreduce_algorithm
         self.chosen = {dtype: ADASUM if adasum else "native" if self.memory == AWARE
                        else choose(algorithm, self._wire_bytes(dtype), self.group.size,
-                                   self.settings, name, self.layout)
+                                   self.settings, name, self.layout,
+                                   mpi_reduces(dtype))
                        for dtype in self.members}
         if "ipc" in self.chosen.values():  # the other dtypes' buffers go through the host
             self.memory = IPC

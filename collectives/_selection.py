@@ -39,10 +39,13 @@ def requested(collective: str, algorithm: str | None, settings: Settings,
 
 
 def allreduce_algorithm(algorithm: str | None, nbytes: int, size: int, settings: Settings,
-                        name: str | None, layout: NodeLayout | None = None) -> str:
+                        name: str | None, layout: NodeLayout | None = None,
+                        mpi_reduces: bool = True) -> str:
     """Choose the allreduce algorithm of host arrays (``layout``: the group's nodes, if
     known). ``ipc`` as the setting means ``auto`` here; asked for by the call, it is
-    refused: it reduces device tensors."""
+    refused: it reduces device tensors. Without ``mpi_reduces`` (16-bit floats, which
+    MPI reduces only by calling back into Python for every piece), ``auto`` takes the
+    ring where the built-in table says MPI's own (a tuned table is followed)."""
     choice = requested("allreduce", algorithm, settings, name)
     if choice == "ipc":
         if algorithm == "ipc":
@@ -52,7 +55,11 @@ def allreduce_algorithm(algorithm: str | None, nbytes: int, size: int, settings:
         choice = "auto"
     if choice != "auto":
         return choice
-    return _table_choice("allreduce", nbytes, size, settings, layout)
+    chosen = _table_choice("allreduce", nbytes, size, settings, layout)
+    if chosen == "native" and not mpi_reduces and \
+            tuned_choice("allreduce", nbytes, size) is None:
+        return "ring"
+    return chosen
 
 
 ADASUM = "adasum"
@@ -88,7 +95,7 @@ def host_allreduce_algorithm(nbytes: int, size: int, settings: Settings) -> str:
 
 def device_allreduce_algorithm(algorithm: str | None, nbytes: int, size: int,
                                settings: Settings, name: str | None,
-                               layout: NodeLayout) -> str:
+                               layout: NodeLayout, mpi_reduces: bool = True) -> str:
     """Choose the allreduce algorithm of device memory that MPI does not reduce: ``ipc``
     when every rank is on one node and can share device memory (asked for, or ``auto``
     from ``ipc_min_bytes`` on), else as :func:`allreduce_algorithm` chooses for the host
@@ -108,7 +115,7 @@ def device_allreduce_algorithm(algorithm: str | None, nbytes: int, size: int,
             raise InvalidArgumentError(
                 f"{subject('allreduce', name)}: algorithm 'ipc' cannot run here: {reason}")
     return allreduce_algorithm(None if choice == "ipc" else algorithm, nbytes, size,
-                               settings, name, layout)
+                               settings, name, layout, mpi_reduces)
 
 
 def broadcast_algorithm(algorithm: str | None, nbytes: int, size: int, settings: Settings,
