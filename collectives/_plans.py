@@ -8,13 +8,13 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels import BFLOAT16, Compressor, FusionLayout, reducer
+from ..kernels import Compressor, FusionLayout, reducer
 from ..kernels.reduction import Combine
 from ._adasum import working_dtype
 from ._agreement import PAYLOAD_CAPACITY, Call
 from ._checks import active_compressor, check_compression, check_reduction
 from ._data_phase import Finisher, finisher
-from ._memory import AWARE, IPC, STAGED, goes_direct
+from ._memory import AWARE, IPC, MPI_CANNOT_REDUCE, STAGED, goes_direct
 from ._ops import ReduceOp, resolve_op
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import (ADASUM, adasum_algorithm, allreduce_algorithm,
@@ -23,13 +23,10 @@ from ._topology import HIERARCHICAL, NodeLayout, layout_of
 from .config import current_settings
 
 
-SIXTEEN_BIT_FLOATS = (np.dtype(np.float16), BFLOAT16)
-
-
 def mpi_reduces(dtype: np.dtype) -> bool:
     """Whether the MPI library reduces values of ``dtype`` itself: not 16-bit floats
     (float16, bfloat16), which it reduces only by calling back into ringtrain's kernels."""
-    return np.dtype(dtype) not in SIXTEEN_BIT_FLOATS
+    return np.dtype(dtype) not in MPI_CANNOT_REDUCE
 
 
 def layout_field(layout: NodeLayout, algorithm: str) -> dict[str, str]:
