@@ -129,11 +129,9 @@ def _decoder(from_bits: Callable, name: str) -> _SizedLoop:
     return _SizedLoop(decode)
 
 
-def _reducer(to_bits: Callable, from_bits: Callable, name: str) -> dict[int, tuple]:
+def _reducer(to_bits: Callable, from_bits: Callable, name: str) -> dict[int, _SizedLoop]:
     """Loops for ``out = a (op) b`` on 16-bit floats, computed in float32 and rounded once,
-    by op code: ``(loop, in-place loop)``. The in-place loop serves ``out`` being ``a``:
-    the compiler vectorises a loop that writes where it reads, but not one whose output
-    may overlap its input elsewhere; and one loop per op keeps branches out of the loops."""
+    by op code; one loop per op keeps branches out of the loops."""
 
     def add(x_bits, y_bits):
         x = np.uint32(from_bits(x_bits)).view(np.float32)
@@ -155,31 +153,37 @@ def _reducer(to_bits: Callable, from_bits: Callable, name: str) -> dict[int, tup
         y = np.uint32(from_bits(y_bits)).view(np.float32)
         return x_bits if (x >= y or x != x) else y_bits
 
-    return {code: _reduce_loops(combine, name)
+    return {code: _reduce_loop(combine, name)
             for code, combine in ((0, add), (3, multiply), (1, minimum), (2, maximum))}
 
 
-def _reduce_loops(combine: Callable, name: str) -> tuple[_SizedLoop, _SizedLoop]:
-    """The loops applying ``combine`` elementwise: into ``out``, and into ``a`` itself."""
+def _reduce_loop(combine: Callable, name: str) -> _SizedLoop:
+    """The loop applying ``combine`` elementwise into ``out``, which may be ``a`` or ``b``.
+
+    The compiler vectorises a loop whose output is exactly one of its inputs, or overlaps
+    neither, but falls back to one element at a time when ``out`` is an input under another
+    name: the loop tells the cases apart by address and runs the form that fits."""
     step = numba.njit(cache=True, nogil=True, inline="always")(combine)
 
     def reduce(a, b, out):
-        for i in numba.prange(out.size):
-            out[i] = step(a[i], b[i])
-
-    def reduce_in_place(target, other):
-        for i in numba.prange(target.size):
-            target[i] = step(target[i], other[i])
+        if out.ctypes.data == a.ctypes.data:
+            for i in numba.prange(out.size):
+                out[i] = step(out[i], b[i])
+        elif out.ctypes.data == b.ctypes.data:
+            for i in numba.prange(out.size):
+                out[i] = step(a[i], out[i])
+        else:
+            for i in numba.prange(out.size):
+                out[i] = step(a[i], b[i])
 
     combine.__qualname__ = f"{combine.__name__}_{name}"
     reduce.__qualname__ = f"reduce_{combine.__name__}_{name}"
-    reduce_in_place.__qualname__ = f"reduce_{combine.__name__}_{name}_in_place"
-    return _SizedLoop(reduce), _SizedLoop(reduce_in_place)
+    return _SizedLoop(reduce)
 
 
-def _bfloat_loops(step: Callable, name: str) -> tuple[_SizedLoop, _SizedLoop]:
-    """Loops for ``out = step(a, factor)`` on bfloat16 bits, computed in float32 and
-    rounded once: into ``out``, and in place (as :func:`_reduce_loops`)."""
+def _bfloat_loop(step: Callable, name: str) -> _SizedLoop:
+    """The loop for ``out = step(a, factor)`` on bfloat16 bits, computed in float32 and
+    rounded once; ``out`` may be ``a`` (told apart as in :func:`_reduce_loop`)."""
     operation = numba.njit(cache=True, nogil=True, inline="always")(step)
 
     def apply(x_bits, factor):
@@ -190,16 +194,15 @@ def _bfloat_loops(step: Callable, name: str) -> tuple[_SizedLoop, _SizedLoop]:
     element = numba.njit(cache=True, nogil=True, inline="always")(apply)
 
     def loop(a, factor, out):
-        for i in numba.prange(out.size):
-            out[i] = element(a[i], factor)
-
-    def loop_in_place(target, factor):
-        for i in numba.prange(target.size):
-            target[i] = element(target[i], factor)
+        if out.ctypes.data == a.ctypes.data:
+            for i in numba.prange(out.size):
+                out[i] = element(out[i], factor)
+        else:
+            for i in numba.prange(out.size):
+                out[i] = element(a[i], factor)
 
     loop.__qualname__ = f"{name}_bfloat_loop"
-    loop_in_place.__qualname__ = f"{name}_bfloat_in_place"
-    return _SizedLoop(loop), _SizedLoop(loop_in_place)
+    return _SizedLoop(loop)
 
 
 def _times(x, factor):
@@ -217,8 +220,8 @@ _decode_half = _decoder(_float_from_half, "half")
 _decode_bfloat = _decoder(_float_from_bfloat, "bfloat")
 _reduce_half = _reducer(_half_from_float, _float_from_half, "half")
 _reduce_bfloat = _reducer(_bfloat_from_arithmetic, _float_from_bfloat, "bfloat")
-_scale_bfloat = _bfloat_loops(_times, "scale")
-_divide_bfloat = _bfloat_loops(_over, "divide")
+_scale_bfloat = _bfloat_loop(_times, "scale")
+_divide_bfloat = _bfloat_loop(_over, "divide")
 
 
 def _abs_max_loop(bits, sign_clear, infinity, zero):
@@ -257,7 +260,7 @@ def _check_float32(name: str, array: np.ndarray) -> None:
 def _flat(array: np.ndarray) -> np.ndarray:
     if not array.flags.c_contiguous:
         raise ValueError("kernels need C-contiguous arrays")
-    return array.reshape(-1)
+    return array if array.ndim == 1 else array.reshape(-1)
 
 
 def pack(layout: FusionLayout, tensors: Sequence[np.ndarray], buffer: np.ndarray,
@@ -443,12 +446,8 @@ def reduce_into(op: str, a: np.ndarray, b: np.ndarray, out: np.ndarray,
         if array.dtype not in dtypes or array.size != out.size:
             raise ValueError(f"{name} must hold {out.size} {dtypes[0]}, got {array.size} "
                              f"{array.dtype}")
-    loop, in_place = loops[OP_CODES[op]]
-    if _same_start(out, a):
-        in_place(out.size, _flat(out).view(np.uint16), _flat(b).view(np.uint16))
-    else:
-        loop(out.size, _flat(a).view(np.uint16), _flat(b).view(np.uint16),
-             _flat(out).view(np.uint16))
+    loops[OP_CODES[op]](out.size, _flat(a).view(np.uint16), _flat(b).view(np.uint16),
+                        _flat(out).view(np.uint16))
 
 
 def scale_into(a: np.ndarray, factor: float, out: np.ndarray,
@@ -490,19 +489,6 @@ def divide_into(a: np.ndarray, divisor: int, out: np.ndarray,
     np.divide(a, divisor, out=out)
 
 
-def _same_start(out: np.ndarray, a: np.ndarray) -> bool:
-    """Whether ``out`` is ``a`` (or, for arrays long enough for it to matter, starts where
-    it does): the in-place loops vectorise where the others, whose output may overlap an
-    input elsewhere, do not; both are correct either way."""
-    if out is a:
-        return True
-    return out.size >= _ALIAS_CHECK_ELEMENTS and \
-        out.__array_interface__["data"][0] == a.__array_interface__["data"][0]
-
-
-_ALIAS_CHECK_ELEMENTS = 1024
-"""Below this many elements the faster loop saves less than the check costs (~2 µs)."""
-
 _BFLOAT16_STORAGE = (np.dtype(np.uint16), BFLOAT16)
 """What may hold bfloat16 bits: uint16 arrays (with ``encoding="bfloat16"``) and
 bfloat16 arrays."""
@@ -517,18 +503,14 @@ def _encoding(encoding: str | None, out: np.ndarray) -> str | None:
     return encoding
 
 
-def _bfloat_step(loops: tuple[_SizedLoop, _SizedLoop], a: np.ndarray, operand: np.float32,
+def _bfloat_step(loop: _SizedLoop, a: np.ndarray, operand: np.float32,
                  out: np.ndarray) -> None:
-    """Run a bfloat16 loop of :func:`_bfloat_loops` from ``a`` into ``out`` (may be ``a``)."""
+    """Run a bfloat16 loop of :func:`_bfloat_loop` from ``a`` into ``out`` (may be ``a``)."""
     for name, array in (("a", a), ("out", out)):
         if array.dtype not in _BFLOAT16_STORAGE or array.size != out.size:
             raise ValueError(f"{name} must hold {out.size} bfloat16, got {array.size} "
                              f"{array.dtype}")
-    loop, in_place = loops
-    if _same_start(out, a):
-        in_place(out.size, _flat(out).view(np.uint16), operand)
-    else:
-        loop(out.size, _flat(a).view(np.uint16), operand, _flat(out).view(np.uint16))
+    loop(out.size, _flat(a).view(np.uint16), operand, _flat(out).view(np.uint16))
 
 
 def abs_max(values: np.ndarray) -> tuple[float, bool]:
