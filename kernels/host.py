@@ -12,6 +12,7 @@ Every function here has a twin of the same name and signature in ``device``.
 from __future__ import annotations
 
 import os
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -79,12 +80,23 @@ _quantize_word = _jit(two_bit.quantize_word)
 _dequantized = _jit(two_bit.dequantized)
 
 
+def _parallel_twin(loop: Callable) -> Callable:
+    """``loop`` under a name of its own: numba's on-disk cache files a function by its
+    name and keys its entries by signature, not by compiler options, so the serial
+    compilation would otherwise load the parallel one from the cache, and start threads
+    where a rank was to use its one core."""
+    twin = types.FunctionType(loop.__code__, loop.__globals__, loop.__name__,
+                              loop.__defaults__, loop.__closure__)
+    twin.__qualname__ = f"{loop.__qualname__}_parallel"
+    return twin
+
+
 class _SizedLoop:
     """A loop compiled twice, serial and parallel, and called as the size warrants."""
 
     def __init__(self, loop: Callable):
         self.serial = numba.njit(cache=True, nogil=True)(loop)
-        self.parallel = numba.njit(cache=True, nogil=True, parallel=True)(loop)
+        self.parallel = numba.njit(cache=True, nogil=True, parallel=True)(_parallel_twin(loop))
 
     def __call__(self, size: int, *args):
         if size >= PARALLEL_MIN_ELEMENTS and _host_threads > 1:
@@ -302,6 +314,64 @@ def unpack(layout: FusionLayout, buffer: np.ndarray, tensors: Sequence[np.ndarra
             np.copyto(tensor, view)
         else:
             _scaled_copy(view, scale, tensor)
+
+
+def gather_indexed(source: np.ndarray, indices: np.ndarray, out: np.ndarray) -> None:
+    """``out[j] = source.flat[indices[j]]``: the chosen elements, packed.
+
+    Args:
+        source: C-contiguous, any shape and dtype.
+        indices: int64 flat indices into ``source``, ascending, each below
+            ``source.size``.
+        out: 1-D, C-contiguous, ``indices.size`` elements of ``source``'s dtype.
+    """
+    source_bits, out_bits = _indexed_operands(source, indices, out)
+    _gather_loop(indices.size, source_bits, indices, out_bits)
+
+
+def scatter_indexed(source: np.ndarray, indices: np.ndarray, out: np.ndarray) -> None:
+    """``out.flat[indices[j]] = source[j]``, and zero everywhere else in ``out``.
+
+    Args:
+        source: 1-D, C-contiguous, ``indices.size`` elements of ``out``'s dtype.
+        indices: int64 flat indices into ``out``, strictly ascending, each below
+            ``out.size``.
+        out: C-contiguous, any shape and dtype; overwritten.
+    """
+    out_bits, source_bits = _indexed_operands(out, indices, source)
+    _scatter_loop(out.size, source_bits, indices, out_bits)
+
+
+def _indexed_operands(whole: np.ndarray, indices: np.ndarray,
+                      packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``whole`` and ``packed`` as unsigned integers of their element size (the loops
+    copy bits, whatever the dtype), checked against ``indices``."""
+    if packed.dtype != whole.dtype or packed.size != indices.size:
+        raise ValueError(f"the packed array must hold {indices.size} {whole.dtype}, got "
+                         f"{packed.size} {packed.dtype}")
+    if indices.dtype != np.int64 or indices.ndim != 1:
+        raise ValueError(f"indices must be 1-D int64, got {indices.ndim}-D {indices.dtype}")
+    if indices.size and not (indices[0] >= 0 and indices[-1] < whole.size):
+        raise ValueError(f"indices from {indices[0]} to {indices[-1]} are outside "
+                         f"{whole.size} elements")
+    unsigned = np.dtype(f"u{whole.dtype.itemsize}")
+    return _flat(whole).view(unsigned), _flat(packed).view(unsigned)
+
+
+def _gather(source, indices, out):
+    for j in numba.prange(indices.size):
+        out[j] = source[indices[j]]
+
+
+def _scatter(source, indices, out):
+    for i in numba.prange(out.size):
+        out[i] = 0
+    for j in numba.prange(indices.size):
+        out[indices[j]] = source[j]
+
+
+_gather_loop = _SizedLoop(_gather)
+_scatter_loop = _SizedLoop(_scatter)
 
 
 def _scaled_copy(source: np.ndarray, scale: float, target: np.ndarray) -> None:

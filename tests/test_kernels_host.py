@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -938,3 +939,59 @@ def test_adasum_kernels_accumulate_and_combine_in_float64(dtype, size):
     scaled_add(combined, 0.75, b, 1.25)
     assert np.array_equal(combined, (0.75 * wide_a + 1.25 * wide_b).astype(dtype))
     assert combined.dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, kernels.BFLOAT16,
+                                   np.int8, np.int64])
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("kept_share", [0.0, 0.3, 1.0])
+def test_gather_and_scatter_indexed_move_the_chosen_elements(dtype, size, kept_share):
+    rng = np.random.default_rng(size)
+    whole = (rng.standard_normal((size,)) * 50).astype(dtype).reshape(-1, 1)
+    indices = np.flatnonzero(rng.random(size) < kept_share)
+    packed = np.empty(indices.size, dtype)
+    host.gather_indexed(whole, indices, packed)
+    assert bits(packed).tolist() == bits(whole.reshape(-1)[indices]).tolist()
+    out = np.full_like(whole, 7)
+    host.scatter_indexed(packed, indices, out)
+    expected = np.zeros_like(whole.reshape(-1))
+    expected[indices] = whole.reshape(-1)[indices]
+    assert bits(out.reshape(-1)).tolist() == bits(expected).tolist()
+
+
+@pytest.mark.parametrize("indices, packed, message", [
+    (np.array([0, 9], np.int64), np.empty(2, np.float32), "outside 9 elements"),
+    (np.array([-1, 3], np.int64), np.empty(2, np.float32), "outside 9 elements"),
+    (np.array([0, 3], np.int32), np.empty(2, np.float32), "int64"),
+    (np.array([0, 3], np.int64), np.empty(3, np.float32), "must hold 2 float32"),
+    (np.array([0, 3], np.int64), np.empty(2, np.float64), "must hold 2 float32"),
+])
+def test_gather_and_scatter_indexed_refuse_what_does_not_fit(indices, packed, message):
+    whole = np.zeros(9, np.float32)
+    with pytest.raises(ValueError, match=message):
+        host.gather_indexed(whole, indices, packed)
+    with pytest.raises(ValueError, match=message):
+        host.scatter_indexed(packed, indices, whole)
+
+
+CACHED_LOOP = """
+import sys
+import numpy as np
+from ringtrain.kernels import host
+loops = host._gather_loop
+loop = loops.parallel if sys.argv[1] == "parallel" else loops.serial
+loop(np.arange(9, dtype=np.uint32), np.arange(0, 9, 2), np.empty(5, np.uint32))
+print(sum(loop.stats.cache_hits.values()))
+"""
+
+
+def test_serial_loops_never_load_the_parallel_compilation_from_the_cache(tmp_path):
+    def cache_hits(variant):
+        run = subprocess.run([sys.executable, "-c", CACHED_LOOP, variant], check=True,
+                             capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)})
+        return int(run.stdout.split()[-1])
+
+    assert cache_hits("parallel") == 0
+    assert cache_hits("serial") == 0  # compiled anew: the parallel one is filed apart
+    assert cache_hits("serial") == 1

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..collectives.errors import InvalidArgumentError, subject
+from ..kernels import host
 
 
 class KeptElements:
@@ -52,22 +53,20 @@ def kept_elements(name: str, shape: tuple[int, ...], mask: Any) -> KeptElements 
 
 def gather_kept(gradient: np.ndarray, kept: KeptElements | None, out: np.ndarray) -> None:
     """Copy the kept elements of ``gradient`` (all of them for None) into flat ``out``."""
-    flat = gradient.reshape(-1)
     if kept is None:
-        out[...] = flat
+        out[...] = gradient.reshape(-1)
     else:
-        np.take(flat, kept.kept, out=out)
+        host.gather_indexed(np.ascontiguousarray(gradient), kept.kept, out)
 
 
 def scatter_kept(source: np.ndarray, kept: KeptElements | None, gradient: np.ndarray) -> None:
     """Write flat ``source`` back into the kept elements of ``gradient``, zeros into its
     pruned ones."""
-    flat = gradient.reshape(-1) if gradient.flags.c_contiguous else None
-    target = np.empty(gradient.size, gradient.dtype) if flat is None else flat
     if kept is None:
-        target[...] = source
+        gradient[...] = source.reshape(gradient.shape)
+    elif gradient.flags.c_contiguous:
+        host.scatter_indexed(source, kept.kept, gradient)
     else:
-        target.fill(0)  # a pass over memory costs less than indexing the pruned ones
-        target[kept.kept] = source
-    if flat is None:
-        gradient[...] = target.reshape(gradient.shape)
+        target = np.empty(gradient.shape, gradient.dtype)
+        host.scatter_indexed(source, kept.kept, target)
+        gradient[...] = target
