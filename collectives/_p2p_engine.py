@@ -34,27 +34,38 @@ class PeerHandle(Handle):
     message this process has in flight until this one is done; :func:`ringtrain.poll`
     moves them once and says whether it is."""
 
+    settled = False
+    """Whether the call has completed: what the engine polls (a plain attribute, where
+    the future's own ``done`` takes a lock)."""
+
     def __init__(self, operation: str, name: str | None):
         super().__init__(None, (), operation, name)
-        self.engine: Engine | None = None
+
+    def set_result(self, result: Any) -> None:
+        super().set_result(result)
+        self.settled = True
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        super().set_exception(exception)
+        self.settled = True
 
     def result(self, timeout: float | None = None) -> Any:
         """Wait (moving the messages in flight) and return the result or raise its error."""
-        if not super().done():
+        if not self.settled:
             ENGINE.wait([self], timeout)
         return super().result(0)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Wait (moving the messages in flight) and return the error, if any."""
-        if not super().done():
+        if not self.settled:
             ENGINE.wait([self], timeout)
         return super().exception(0)
 
     def done(self) -> bool:
         """Move the messages in flight once; whether this call has completed."""
-        if not super().done():
+        if not self.settled:
             ENGINE.advance_all()
-        return super().done()
+        return self.settled
 
 
 class InFlight(Protocol):
@@ -101,7 +112,6 @@ class Engine:
     def _post(self, operations: Sequence[InFlight]) -> bool:
         with self._lock:
             for operation in operations:
-                operation.handle.set_running_or_notify_cancel()
                 operation.start()
                 self._pending.append(operation)
             return self._advance()
@@ -131,7 +141,7 @@ class Engine:
         idle_since = None
         waiting = None
         try:
-            while not all(Handle.done(handle) for handle in handles):
+            while not all(handle.settled for handle in handles):
                 if deadline is not None and time.monotonic() >= deadline:
                     return
                 if self.advance_all():
@@ -190,7 +200,7 @@ class Engine:
                     f"{operation.tag}): MPI failed: {error}"))
                 moved = True
         if moved:
-            self._pending = [op for op in self._pending if not Handle.done(op.handle)]
+            self._pending = [op for op in self._pending if not op.handle.settled]
         return moved
 
 

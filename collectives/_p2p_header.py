@@ -9,6 +9,7 @@ to 8 bytes.
 from __future__ import annotations
 
 import math
+import struct
 
 import numpy as np
 
@@ -18,6 +19,10 @@ from .errors import CommunicationError
 _MAGIC = 0x52545032  # "RTP2"
 _FIXED = 6  # magic, inline, dtype index, ndim, sequence, name length
 _NO_NAME = -1
+_FIXED_FIELDS = struct.Struct(f"<{_FIXED}q")
+_FIXED_BYTES = _FIXED_FIELDS.size
+_NOT_OURS = ("a point-to-point message without ringtrain's header arrived on ringtrain's "
+             "point-to-point communicator")
 
 
 def dtype_index(dtype: np.dtype) -> int:
@@ -29,10 +34,10 @@ def encode_header(inline: bool, dtype: np.dtype, shape: tuple[int, ...], sequenc
                   name: str | None) -> bytes:
     """The header of a message: int64 fields, then the name in UTF-8 padded to 8 bytes."""
     encoded = b"" if name is None else name.encode()
-    fields = [_MAGIC, int(inline), dtype_index(dtype), len(shape), sequence,
-              _NO_NAME if name is None else len(encoded), *shape]
-    padding = -len(encoded) % 8
-    return np.array(fields, np.int64).tobytes() + encoded + b"\x00" * padding
+    fields = struct.pack(f"<{_FIXED + len(shape)}q", _MAGIC, inline, dtype_index(dtype),
+                         len(shape), sequence, _NO_NAME if name is None else len(encoded),
+                         *shape)
+    return fields + encoded + b"\x00" * (-len(encoded) % 8)
 
 
 class Header:
@@ -45,15 +50,16 @@ class Header:
     """
 
     def __init__(self, message: np.ndarray):
-        fixed = message[:_FIXED * 8].view(np.int64)
-        if fixed[0] != _MAGIC:
-            raise CommunicationError("a point-to-point message without ringtrain's header "
-                                     "arrived on ringtrain's point-to-point communicator")
-        self.inline = bool(fixed[1])
-        self.dtype = COPY_DTYPES[int(fixed[2])]
-        ndim, self.sequence, name_length = int(fixed[3]), int(fixed[4]), int(fixed[5])
-        end = (_FIXED + ndim) * 8
-        self.shape = tuple(int(n) for n in message[_FIXED * 8:end].view(np.int64))
+        if message.nbytes < _FIXED_BYTES:
+            raise CommunicationError(_NOT_OURS)
+        magic, inline, dtype, ndim, self.sequence, name_length = \
+            _FIXED_FIELDS.unpack_from(message)
+        if magic != _MAGIC:
+            raise CommunicationError(_NOT_OURS)
+        self.inline = bool(inline)
+        self.dtype = COPY_DTYPES[dtype]
+        end = _FIXED_BYTES + 8 * ndim
+        self.shape = struct.unpack_from(f"<{ndim}q", message, _FIXED_BYTES)
         self.name = None if name_length == _NO_NAME else \
             bytes(message[end:end + name_length]).decode()
         self.length = end + (0 if name_length == _NO_NAME else
