@@ -5,7 +5,9 @@ collectives' one): its first ranks are workers, its last ``num_servers`` ranks s
 (:mod:`._server`). Keys are placed by :func:`._protocol.parts`. A push sends each part to
 its server and returns; a pull asks each server for its part and waits for the replies.
 Workers never wait for each other, except in ``init``, ``set_optimizer`` and
-``barrier``, which every worker calls (their own communicator, the servers not in it).
+``barrier``, which every worker calls: collectives of ringtrain over the workers' process
+set (the servers not in it), so a worker that does not come is named by the stall
+inspector, and a worker that calls something else gets a ``MismatchError``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .. import collectives as rt
 from ..collectives import InvalidArgumentError, MismatchError, RingtrainError, UsageError
 from . import _protocol as protocol
 from ._keys import Key
@@ -27,32 +30,36 @@ from ._table import pickled
 def open_async(name: str, num_servers: int, bound: int) -> AsyncStore | int:
     """Every rank's part of an async store: a worker's :class:`AsyncStore`, or, on a
     server rank, serve until every worker has closed, then the pushes it applied."""
+    if not rt.is_initialized():
+        rt.init()
     world = MPI.COMM_WORLD
+    if rt.size() != world.Get_size():
+        raise UsageError(f"kvstore create({name!r}): the async modes take every rank of "
+                         f"MPI.COMM_WORLD; ringtrain was started on {rt.size()} of its "
+                         f"{world.Get_size()}")
     if num_servers >= world.Get_size():
         raise InvalidArgumentError(f"kvstore create({name!r}): {num_servers} server(s) need "
                                    f"at least {num_servers + 1} ranks, the job has "
                                    f"{world.Get_size()}")
     comm = world.Dup()
     first_server = comm.Get_size() - num_servers
-    serving = comm.Get_rank() >= first_server
-    workers = comm.Split(1 if serving else 0, comm.Get_rank())
-    if serving:
-        workers.Free()
+    if comm.Get_rank() >= first_server:
         pushes = Server(comm, first_server).serve()
         comm.Free()
         return pushes
+    workers = rt.add_process_set(range(first_server))
     return AsyncStore(name, comm, workers, first_server, bound)
 
 
 class AsyncStore(KVStore):
     """A worker of an async mode (made by :func:`ringtrain.kvstore.create`)."""
 
-    def __init__(self, name: str, comm: MPI.Comm, workers: MPI.Comm, num_workers: int,
+    def __init__(self, name: str, comm: MPI.Comm, workers: rt.ProcessSet, num_workers: int,
                  bound: int):
         super().__init__()
         self.type = name
         self.on_device = name == "dist_device_async"
-        self.rank = workers.Get_rank()
+        self.rank = workers.rank()
         self.num_workers = num_workers
         self.num_servers = comm.Get_size() - num_workers
         self._comm = comm
@@ -67,7 +74,8 @@ class AsyncStore(KVStore):
 
     def _agree(self, operation: str, description: dict[str, Any]) -> None:
         """Every worker made the same call, or a MismatchError on every worker."""
-        everyone = self._workers.allgather(description)
+        everyone = rt.allgather_object(description, name=f"kvstore {operation}",
+                                       process_set=self._workers)
         fields = sorted({field for d in everyone for field in d})
         differences = {field: {rank: d.get(field, "(absent)") for rank, d in enumerate(everyone)}
                        for field in fields
@@ -104,7 +112,7 @@ class AsyncStore(KVStore):
                     waiting.append(dest)
             for dest in waiting:
                 self._comm.recv(source=dest, tag=protocol.REPLY)
-        self._workers.Barrier()
+        rt.barrier(process_set=self._workers)
 
     def _request(self, operation: int, key: Key | None, part: int, dest: int,
                  argument: int = 0) -> None:
@@ -155,7 +163,7 @@ class AsyncStore(KVStore):
                 self._comm.send(data, dest, protocol.DATA)
             for dest in self._servers():
                 self._comm.recv(source=dest, tag=protocol.REPLY)
-        self._workers.Barrier()
+        rt.barrier(process_set=self._workers)
 
     def _states(self) -> dict[Any, Any]:
         self._check_open("save_optimizer_states")
@@ -180,7 +188,7 @@ class AsyncStore(KVStore):
     def barrier(self) -> None:
         """Wait for every worker (the servers are not part of it)."""
         self._check_open("barrier")
-        self._workers.Barrier()
+        rt.barrier(process_set=self._workers)
 
     def close(self) -> None:
         """Tell the servers this worker is done (at exit at the latest); idempotent."""
@@ -190,7 +198,8 @@ class AsyncStore(KVStore):
         atexit.unregister(self.close)
         for dest in self._servers():
             self._request(protocol.STOP, None, 0, dest)
-        self._workers.Free()
+        if rt.is_initialized():
+            rt.remove_process_set(self._workers)
         self._comm.Free()
 
     def _check_open(self, operation: str) -> None:

@@ -3,11 +3,12 @@ modes under ringtrain-run."""
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
 
-from mpi_launch import ROOT, run_checks
+from mpi_launch import ROOT, run_checks, run_mpi
 from test_launcher_runs import launch, needs_mpi
 
 # Each program, the world sizes it runs at, and the fewest checks it must report passed.
@@ -69,3 +70,17 @@ def test_an_optimizer_that_fails_on_a_server_ends_the_job_naming_the_key():
     assert run.returncode != 0 and "not reached" not in run.stdout, run
     assert "kvstore server rank 1: push of key 'bad' from worker 0 failed" in run.stderr, run
     assert "ValueError: no update for this key" in run.stderr, run
+
+
+@pytest.mark.parametrize("late,call", [("init", "allgather_object of tensor 'kvstore init'"),
+                                       ("barrier", "barrier of tensor")])
+def test_a_worker_missing_from_a_call_of_every_worker_is_named(late, call):
+    """Worker 1 does not come to ``init`` (or to a ``barrier``): worker 0 names it, then
+    the stall shutdown ends the job instead of a hang."""
+    output = run_mpi("kvstore_stall", 3, late, timeout=60, expected_status=1,
+                     env={"RINGTRAIN_STALL_CHECK_SECONDS": "1",
+                          "RINGTRAIN_STALL_SHUTDOWN_SECONDS": "3"})
+    assert f"r0 | WARNING | {call}" in output, output
+    assert re.search(r"r0 \| ERROR \| .* has waited \d+ s for rank 1, which has not called "
+                     r"it .*; aborting the job", output), output
+    assert "done" not in output, output
