@@ -19,6 +19,7 @@ from ._placement import memory_for
 from ._ops import ReduceOp
 from ._plans import GroupedCall, allreduce_plan
 from ._process_sets import ProcessSet
+from ._result_pool import RESULTS
 from .errors import InvalidArgumentError, subject
 
 
@@ -194,7 +195,7 @@ def prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
         output = array
         result = source
     else:
-        output = np.empty(array.shape, array.dtype)
+        output = RESULTS.empty(array.shape, array.dtype)
         result = output.reshape(-1)
 
     def run() -> np.ndarray:

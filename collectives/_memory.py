@@ -22,6 +22,7 @@ from ..kernels import BFLOAT16, bits, scale_into
 from ..kernels.reduction import Combine
 from ._data_phase import Finisher, reduce_flat
 from ._group import Group
+from ._result_pool import RESULTS
 from ._ops import ReduceOp
 from ._topology import NodeLayout
 from ._world import world
@@ -62,8 +63,8 @@ class HostMemory:
         return contextlib.nullcontext()
 
     def new(self, like: Any, shape: tuple[int, ...]) -> np.ndarray:
-        """A new array of ``like``'s dtype for a result."""
-        return np.empty(shape, like.dtype)
+        """A new array of ``like``'s dtype for a result (see :mod:`._result_pool`)."""
+        return RESULTS.empty(shape, like.dtype)
 
     def scratch(self, use: str, size: int, dtype: Any, kept: Any = None) -> np.ndarray:
         """A 1-D buffer of ``size`` elements for ``use``: ``kept`` (a plan's own) if

@@ -23,6 +23,7 @@ from ._memory import AWARE, HOST, goes_direct
 from ._placement import memory_for, staged
 from ._ops import ReduceOp, resolve_op
 from ._process_sets import ProcessSet, resolve_group
+from ._result_pool import RESULTS
 from ._group import Group
 from ._selection import reducescatter_algorithm
 from .config import current_settings
@@ -179,8 +180,8 @@ def _compressed(array: np.ndarray, op: ReduceOp, name: str | None, prescale_fact
             _ring.reduce_scatter(group, wire, reduced, bounds, combine, None, segment_bytes)
         else:
             reduced[:] = wire
-        output = np.empty((rows[group.rank + 1] - rows[group.rank], *array.shape[1:]),
-                          array.dtype)
+        output = RESULTS.empty((rows[group.rank + 1] - rows[group.rank], *array.shape[1:]),
+                               array.dtype)
         compressor.decode(reduced, output.reshape(-1), postscale_factor / (scale * divisor))
         return output
 
@@ -203,7 +204,7 @@ def _by_recursive_doubling(group: Group, call: Call, source: np.ndarray,
         reduced = np.empty_like(source)
         scale_into(source, prescale_factor, reduced)
         _recursive_doubling.allreduce(group, reduced, combine, segment_bytes)
-    output = np.empty(shape, source.dtype)
+    output = RESULTS.empty(shape, source.dtype)
     share = reduced[start:start + output.size]
     if finish is None:
         np.copyto(output.reshape(-1), share)

@@ -463,6 +463,12 @@ REPORT_FD: Variable[int | None] = _declare(Variable(
     "the pipe on which a rank's exception hook reports to the ringtrain-run supervisor",
     set_by_launcher=True))
 
+# Read when ringtrain.collectives is imported.
+RESULT_POOL_BYTES: Variable[int] = _declare(Variable(
+    "RINGTRAIN_RESULT_POOL_BYTES", parse_size, 1 << 30,
+    "bytes of freed results of 1 MiB and up kept for the next results (no page faults); "
+    "0: every result from numpy"))
+
 # Read by ringtrain.kvstore.create (RINGTRAIN_KV_SERVERS also set by ringtrain-run --servers).
 KV_SERVERS: Variable[int | None] = _declare(Variable(
     "RINGTRAIN_KV_SERVERS", parse_count, None,

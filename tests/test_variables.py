@@ -48,6 +48,7 @@ MALFORMED = {
     "RINGTRAIN_BENCH_INJECT_WRONG": "sometimes",
     "RINGTRAIN_KV_SERVERS": "0",
     "RINGTRAIN_KV_BIGARRAY_BOUND": "1M",
+    "RINGTRAIN_RESULT_POOL_BYTES": "plenty",
 }
 """A malformed value of every variable that has one (a path cannot be malformed)."""
 
@@ -68,6 +69,7 @@ WELL_FORMED = {
     "RINGTRAIN_BENCH_INJECT_WRONG": ("1", True),
     "RINGTRAIN_KV_SERVERS": ("2", 2),
     "RINGTRAIN_KV_BIGARRAY_BOUND": ("1000", 1000),
+    "RINGTRAIN_RESULT_POOL_BYTES": ("256M", 256 << 20),
 }
 
 

@@ -1,0 +1,68 @@
+"""Large results come from pooled blocks, which return only when no array uses them."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+
+from ringtrain.collectives._result_pool import MIN_BYTES, ResultPool
+from ringtrain.kernels import BFLOAT16
+
+
+def address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8, BFLOAT16])
+def test_a_large_result_is_a_writable_contiguous_array_of_its_shape(dtype):
+    result = ResultPool(64 << 20).empty((3, MIN_BYTES // 3 + 5), dtype)
+    assert result.shape == (3, MIN_BYTES // 3 + 5) and result.dtype == np.dtype(dtype)
+    assert result.flags.c_contiguous and result.flags.writeable
+    result[...] = 7
+    assert (result.astype(np.float64) == 7).all()
+
+
+def test_the_block_comes_back_only_when_every_view_is_gone():
+    pool = ResultPool(64 << 20)
+    result = pool.empty((MIN_BYTES // 4,), np.float32)
+    start = address(result)
+    part, shared = result[10:20], torch.from_numpy(result)
+    del result
+    gc.collect()
+    assert pool.idle_bytes == 0
+    other = pool.empty((MIN_BYTES // 4,), np.float32)
+    assert address(other) != start  # still used by the views: a new block
+    del part
+    assert pool.idle_bytes == 0
+    del shared
+    assert pool.idle_bytes == MIN_BYTES
+    again = pool.empty((MIN_BYTES // 8,), np.float64)
+    assert address(again) == start and pool.idle_bytes == 0
+
+
+def test_a_block_is_reused_only_for_results_it_holds_without_wasting_half():
+    pool = ResultPool(64 << 20)
+    block_start = address(pool.empty((4 * MIN_BYTES,), np.uint8))  # dropped at once
+    assert pool.idle_bytes == 4 * MIN_BYTES
+    assert address(pool.empty((MIN_BYTES,), np.uint8)) != block_start  # would waste 3/4
+    assert address(pool.empty((3 * MIN_BYTES,), np.uint8)) == block_start
+
+
+def test_idle_blocks_stay_under_the_limit_oldest_dropped_first():
+    pool = ResultPool(3 * MIN_BYTES)
+    results = [pool.empty((MIN_BYTES,), np.uint8) for _ in range(5)]
+    starts = [address(r) for r in results]
+    while results:  # given back in order: the first two are dropped
+        results.pop(0)
+    assert pool.idle_bytes == 3 * MIN_BYTES
+    reused = [pool.empty((MIN_BYTES,), np.uint8) for _ in range(3)]
+    assert sorted(address(r) for r in reused) == sorted(starts[2:])
+
+
+def test_small_results_and_a_zero_limit_come_from_numpy():
+    pool = ResultPool(64 << 20)
+    assert pool.empty((MIN_BYTES // 4 - 1,), np.float32).flags.owndata
+    assert ResultPool(0).empty((MIN_BYTES,), np.float32).flags.owndata
