@@ -662,6 +662,63 @@ def dequantize_2bit(words: Any, out: Any, threshold: float) -> None:
     _launch(_dequantize_2bit_kernel, flat.size, _stream(out), coded, flat, t)
 
 
+@_kernel
+def _gather_kernel(source, indices, out):
+    for j in range(cuda.grid(1), indices.size, cuda.gridsize(1)):
+        out[j] = source[indices[j]]
+
+
+@_kernel
+def _zero_kernel(out):
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = 0
+
+
+@_kernel
+def _scatter_kernel(source, indices, out):
+    for j in range(cuda.grid(1), indices.size, cuda.gridsize(1)):
+        out[indices[j]] = source[j]
+
+
+def gather_indexed(source: Any, indices: Any, out: Any) -> None:
+    """Device twin of :func:`ringtrain.kernels.host.gather_indexed` (``indices`` a device
+    array too)."""
+    stream = _stream(source)
+    whole, chosen, packed = _indexed_operands(source, indices, out)
+    _launch(_gather_kernel, chosen.size, stream, whole, chosen, packed)
+
+
+def scatter_indexed(source: Any, indices: Any, out: Any) -> None:
+    """Device twin of :func:`ringtrain.kernels.host.scatter_indexed` (``indices`` a device
+    array too)."""
+    stream = _stream(out)
+    whole, chosen, packed = _indexed_operands(out, indices, source)
+    _launch(_zero_kernel, whole.size, stream, whole)
+    _launch(_scatter_kernel, chosen.size, stream, packed, chosen, whole)
+
+
+def _indexed_operands(whole: Any, indices: Any, packed: Any) -> tuple[Any, Any, Any]:
+    """As the host twin's: the arrays as unsigned integers of their element size, the
+    indices checked (their first and last copied to the host)."""
+    whole_type, packed_type = _described(whole).dtype, _described(packed).dtype
+    chosen = _array(indices)
+    if packed_type != whole_type or _array(packed).size != chosen.size:
+        raise ValueError(f"the packed array must hold {chosen.size} {whole_type}, got "
+                         f"{_array(packed).size} {packed_type}")
+    if chosen.dtype != np.int64:
+        raise ValueError(f"indices must be 1-D int64, got {chosen.dtype}")
+    unsigned = np.dtype(f"u{whole_type.itemsize}")
+    flat_whole = _array(whole).view(unsigned)
+    if chosen.size:
+        ends = np.empty(2, np.int64)
+        chosen[:1].copy_to_host(ends[:1])
+        chosen[chosen.size - 1:].copy_to_host(ends[1:])
+        if not (ends[0] >= 0 and ends[1] < flat_whole.size):
+            raise ValueError(f"indices from {ends[0]} to {ends[1]} are outside "
+                             f"{flat_whole.size} elements")
+    return flat_whole, chosen, _array(packed).view(unsigned)
+
+
 def _encoding(encoding: str | None, out: Any) -> str | None:
     """The format of ``out``'s elements: ``encoding`` if given, else its dtype's."""
     if encoding is None:

@@ -73,6 +73,16 @@ def dequantize_2bit(words: Any, out: Any, threshold: float) -> None:
     twin_for(out).dequantize_2bit(words, out, threshold)
 
 
+def gather_indexed(source: Any, indices: Any, out: Any) -> None:
+    """``out[j] = source.flat[indices[j]]``: the chosen elements, packed."""
+    twin_for(source).gather_indexed(source, indices, out)
+
+
+def scatter_indexed(source: Any, indices: Any, out: Any) -> None:
+    """``out.flat[indices[j]] = source[j]``, zero elsewhere in ``out``."""
+    twin_for(out).scatter_indexed(source, indices, out)
+
+
 def reduce_into(op: str, a: Any, b: Any, out: Any, encoding: str | None = None) -> None:
     """``out = a (op) b`` elementwise; 16-bit floats computed in float32."""
     twin_for(out).reduce_into(op, a, b, out, encoding)

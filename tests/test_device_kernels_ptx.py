@@ -73,6 +73,12 @@ signatures.append((device._quantize_2bit_kernel, (array(np.float32), array(np.fl
                                                   array(np.uint32), types.float32)))
 signatures.append((device._dequantize_2bit_kernel, (array(np.uint32), array(np.float32),
                                                     types.float32)))
+for unsigned in (np.uint8, np.uint16, np.uint32, np.uint64):
+    signatures.append((device._gather_kernel, (array(unsigned), array(np.int64),
+                                               array(unsigned))))
+    signatures.append((device._scatter_kernel, (array(unsigned), array(np.int64),
+                                                array(unsigned))))
+    signatures.append((device._zero_kernel, (array(unsigned),)))
 
 def store_widths(ptx):
     """Bits of each store to global or generic memory (``st.global.u32`` is 32)."""

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..collectives.errors import InvalidArgumentError, subject
-from ..kernels import host
+from ..kernels import gather_indexed, scatter_indexed
 
 
 class KeptElements:
@@ -56,7 +56,7 @@ def gather_kept(gradient: np.ndarray, kept: KeptElements | None, out: np.ndarray
     if kept is None:
         out[...] = gradient.reshape(-1)
     else:
-        host.gather_indexed(np.ascontiguousarray(gradient), kept.kept, out)
+        gather_indexed(np.ascontiguousarray(gradient), kept.kept, out)
 
 
 def scatter_kept(source: np.ndarray, kept: KeptElements | None, gradient: np.ndarray) -> None:
@@ -65,8 +65,8 @@ def scatter_kept(source: np.ndarray, kept: KeptElements | None, gradient: np.nda
     if kept is None:
         gradient[...] = source.reshape(gradient.shape)
     elif gradient.flags.c_contiguous:
-        host.scatter_indexed(source, kept.kept, gradient)
+        scatter_indexed(source, kept.kept, gradient)
     else:
         target = np.empty(gradient.shape, gradient.dtype)
-        host.scatter_indexed(source, kept.kept, target)
+        scatter_indexed(source, kept.kept, target)
         gradient[...] = target

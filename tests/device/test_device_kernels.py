@@ -820,3 +820,41 @@ def test_two_bit_kernels_check_their_arguments(cuda):
         kernels.quantize_2bit(cuda.to_device(np.zeros(17, np.float32)),
                               cuda.to_device(np.zeros(17, np.float32)),
                               cuda.to_device(np.zeros(1, np.uint32)), 1.0)
+
+
+def on_device(cuda, device, values):
+    """``values`` copied to a device array (bfloat16 as a BfloatDeviceArray)."""
+    if values.dtype != kernels.BFLOAT16:
+        return cuda.to_device(values)
+    array = device.empty(values.shape, kernels.BFLOAT16)
+    if values.size:  # the simulator refuses to copy an empty array's strides
+        array.copy_to_device(values)
+    return array
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8, kernels.BFLOAT16])
+@pytest.mark.parametrize("kept_share", [0.0, 0.4, 1.0])
+def test_indexed_gather_and_scatter_match_host(cuda, device, dtype, kept_share):
+    rng = np.random.default_rng(int(kept_share * 10))
+    whole = (rng.standard_normal((20, 15)) * 50).astype(dtype)
+    indices = np.flatnonzero(rng.random(whole.size) < kept_share)
+    expected = np.empty(indices.size, dtype)
+    host.gather_indexed(whole, indices, expected)
+    packed = on_device(cuda, device, garbage(indices.size, dtype))
+    device_indices = cuda.to_device(indices)
+    kernels.gather_indexed(on_device(cuda, device, whole), device_indices, packed)
+    assert_same_bits(packed.copy_to_host(), expected)
+    expected_whole = garbage(whole.shape, dtype)
+    host.scatter_indexed(expected, indices, expected_whole)
+    out = on_device(cuda, device, garbage(whole.shape, dtype))
+    kernels.scatter_indexed(on_device(cuda, device, expected), device_indices, out)
+    assert_same_bits(out.copy_to_host(), expected_whole)
+
+
+def test_indexed_kernels_check_their_indices(cuda):
+    whole = cuda.to_device(np.zeros(9, np.float32))
+    packed = cuda.to_device(np.zeros(2, np.float32))
+    with pytest.raises(ValueError, match="outside 9 elements"):
+        kernels.gather_indexed(whole, cuda.to_device(np.array([0, 9])), packed)
+    with pytest.raises(ValueError, match="int64"):
+        kernels.scatter_indexed(packed, cuda.to_device(np.array([0, 3], np.int32)), whole)
