@@ -137,36 +137,24 @@ class Engine:
 
     def wait(self, handles: Sequence[PeerHandle], timeout: float | None = None) -> None:
         """Advance until every one of ``handles`` is done (or ``timeout`` seconds passed)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        idle_since = None
-        waiting = None
-        try:
-            while not all(handle.settled for handle in handles):
-                if deadline is not None and time.monotonic() >= deadline:
-                    return
-                if self.advance_all():
-                    idle_since = None
-                    if waiting is not None:
-                        waiting = ACTIVITY.point_to_point = None
-                    continue
-                now = time.monotonic()
-                if idle_since is None:
-                    idle_since = now
-                elif waiting is None and now - idle_since > YIELD_SECONDS:
-                    waiting = self._waiting_entry(handles)
-                    ACTIVITY.point_to_point = waiting
-                # MPI progresses inside the calls, which let other threads take the GIL.
-                # Past a short spin, the core goes to whoever needs it (a machine with
-                # more ranks than cores: the stage this one waits for), then, while the
-                # peer is late, the waits grow.
-                idle = now - idle_since
-                if idle >= YIELD_SECONDS:
-                    time.sleep(min(_LONGEST_SLEEP, idle / 100))
-                elif idle >= SPIN_SECONDS:
-                    time.sleep(0)
-        finally:
-            if waiting is not None:
-                ACTIVITY.point_to_point = None
+        _wait_until(lambda: all(handle.settled for handle in handles), self.advance_all,
+                    lambda: self._waiting_entry(handles), timeout)
+
+    def complete(self, operation: InFlight) -> None:
+        """Start ``operation`` and move it until it is done.
+
+        A blocking send or receive while nothing else of this process is in flight (the
+        usual case) is moved alone, without the engine's list and lock; otherwise it
+        joins the others (:meth:`post`, :meth:`wait`) so that it completes in any order
+        with them. Messages are the same either way.
+        """
+        if self._pending or MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            self.post([operation])
+            self.wait([operation.handle])
+            return
+        operation.start()
+        _wait_until(lambda: operation.handle.settled, lambda: _advance_one(operation),
+                    operation.wait_entry)
 
     def _waiting_entry(self, handles: Sequence[PeerHandle]) -> PeerWait | None:
         with self._lock:
@@ -185,23 +173,64 @@ class Engine:
                 if key in probing:
                     continue
                 probing.add(key)
-            if operation.channels.messages == MPI.COMM_NULL:  # freed by shutdown()
-                operation.handle.set_exception(RingtrainError(
-                    f"{operation.kind} of tensor {operation.handle.name!r}: ringtrain was "
-                    f"shut down before it completed"))
-                moved = True
-                continue
-            try:
-                moved |= operation.advance()
-            except MPI.Exception as error:
-                operation.handle.set_exception(CommunicationError(
-                    f"{operation.kind} of tensor {operation.handle.name!r} "
-                    f"{operation.direction} rank {operation.peer_world} (tag "
-                    f"{operation.tag}): MPI failed: {error}"))
-                moved = True
+            moved |= _advance_one(operation)
         if moved:
             self._pending = [op for op in self._pending if not op.handle.settled]
         return moved
+
+
+def _advance_one(operation: InFlight) -> bool:
+    """Take the steps of ``operation`` that need no waiting; whether anything moved. An
+    MPI error, or ringtrain shut down meanwhile, completes it with the error."""
+    if operation.channels.messages == MPI.COMM_NULL:  # freed by shutdown()
+        operation.handle.set_exception(RingtrainError(
+            f"{operation.kind} of tensor {operation.handle.name!r}: ringtrain was "
+            f"shut down before it completed"))
+        return True
+    try:
+        return operation.advance()
+    except MPI.Exception as error:
+        operation.handle.set_exception(CommunicationError(
+            f"{operation.kind} of tensor {operation.handle.name!r} "
+            f"{operation.direction} rank {operation.peer_world} (tag "
+            f"{operation.tag}): MPI failed: {error}"))
+        return True
+
+
+def _wait_until(done: Callable[[], bool], advance: Callable[[], bool],
+                entry: Callable[[], PeerWait | None], timeout: float | None = None) -> None:
+    """Call ``advance`` until ``done()`` (or ``timeout`` seconds passed); past
+    ``YIELD_SECONDS`` without progress the stall inspector learns ``entry()``."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    idle_since = None
+    waiting = None
+    try:
+        while not done():
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            if advance():
+                idle_since = None
+                if waiting is not None:
+                    waiting = ACTIVITY.point_to_point = None
+                continue
+            now = time.monotonic()
+            if idle_since is None:
+                idle_since = now
+            elif waiting is None and now - idle_since > YIELD_SECONDS:
+                waiting = entry()
+                ACTIVITY.point_to_point = waiting
+            # MPI progresses inside the calls, which let other threads take the GIL.
+            # Past a short spin, the core goes to whoever needs it (a machine with
+            # more ranks than cores: the stage this one waits for), then, while the
+            # peer is late, the waits grow.
+            idle = now - idle_since
+            if idle >= YIELD_SECONDS:
+                time.sleep(min(_LONGEST_SLEEP, idle / 100))
+            elif idle >= SPIN_SECONDS:
+                time.sleep(0)
+    finally:
+        if waiting is not None:
+            ACTIVITY.point_to_point = None
 
 
 ENGINE = Engine()

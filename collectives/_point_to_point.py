@@ -88,7 +88,7 @@ def send(tensor: Any, dst: int, tag: int = 0, name: str | None = None,
             (it would wait for its own receive: use :func:`sendrecv` or :func:`isend`).
     """
     _refuse_self("send", dst, name, process_set)
-    isend(tensor, dst, tag, name, process_set).wait()
+    _complete(SendOp(tensor, dst, tag, name), process_set)
 
 
 def isend(tensor: Any, dst: int, tag: int = 0, name: str | None = None,
@@ -123,7 +123,7 @@ def recv(tensor: Any = None, src: int = 0, tag: int = 0, name: str | None = None
             itself.
     """
     _refuse_self("recv", src, name, process_set)
-    return irecv(tensor, src, tag, name, process_set, like=like).wait()
+    return _complete(RecvOp(tensor, src, tag, name, like), process_set)
 
 
 def irecv(tensor: Any = None, src: int = 0, tag: int = 0, name: str | None = None,
@@ -167,6 +167,13 @@ def batch_isend_irecv(operations: Sequence[SendOp | RecvOp],
     prepared = [_prepare(operation, process_set) for operation in operations]
     ENGINE.post(prepared)
     return [operation.handle for operation in prepared]
+
+
+def _complete(operation: SendOp | RecvOp, process_set: ProcessSet | None) -> Any:
+    """Run one blocking send or receive to its end; its result (None for a send)."""
+    prepared = _prepare(operation, process_set)
+    ENGINE.complete(prepared)
+    return prepared.handle.result(0)
 
 
 def _wait_all(handles: Sequence[Handle]) -> list[Any]:
