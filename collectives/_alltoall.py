@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from . import _native, _pairwise
-from ._agreement import Call, agree
+from ._agreement import BYTES, PAYLOAD_CAPACITY, Call, agree, agree_carrying
 from ._buffers import device_tensor, results_like
 from ._calls import collective_call
 from ._checks import check_splits, check_splittable, flat, input_array
@@ -33,7 +34,8 @@ def alltoall(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = Non
             ``tensor.shape[0]``; default: as even as possible, earlier ranks one more.
         name: names the tensor in error messages; the same on every rank.
         process_set: the ranks taking part (default: all).
-        algorithm: ``pairwise``, ``native`` or ``auto``.
+        algorithm: ``recursive_doubling`` (small alltoalls, in the agreement's own
+            messages), ``pairwise``, ``native`` or ``auto``.
 
     Returns:
         ``(received, received_splits)``: the rows from every rank concatenated in rank
@@ -73,29 +75,91 @@ def _prepare(tensor: Any, splits: Any, name: str | None, process_set: ProcessSet
     else:
         memory, send = HOST, flat(array).view(np.uint8)
         chosen = requested("alltoall", algorithm, settings, name)
+        if chosen == "auto" and auto_choice(
+                "alltoall", array.dtype.itemsize * math.prod(row_shape) * group.size,
+                group.size, settings) == "recursive_doubling":
+            chosen = "recursive_doubling"  # decided on a row to each rank: all ranks agree
         call = Call(collective="alltoall", name=name, dtype=array.dtype, algorithm=chosen,
                     **{"shape[1:]": array.shape[1:]})
-    row_bytes = array.dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
+    row_bytes = array.dtype.itemsize * math.prod(row_shape)
+    if chosen == "recursive_doubling":
+        return lambda: _carried(group, call, send, send_splits, row_bytes, array, settings)
 
     def run() -> tuple[Any, np.ndarray]:
         with memory.entered(*([] if on_device is None else [on_device])):
             agree(group, call)
             received_splits, algorithm = _exchange_splits(group, send_splits, row_bytes,
                                                           chosen, settings)
-            output = memory.new(array, (int(received_splits.sum()), *row_shape))
-            sent = (send_splits * row_bytes).tolist()
-            received = (received_splits * row_bytes).tolist()
-            if algorithm == "native":
-                _native.alltoall(group, memory.for_mpi(send, np.uint8), sent,
-                                 memory.for_mpi(output, np.uint8), received,
-                                 **memory.phase_args)
-            else:
-                _pairwise.alltoall(group, send, [0, *np.cumsum(sent).tolist()],
-                                   output.reshape(-1).view(np.uint8),
-                                   [0, *np.cumsum(received).tolist()])
-            return output, received_splits
+            return _move(group, send, send_splits, received_splits, algorithm, memory,
+                         array), received_splits
 
     return run
+
+
+def _carried(group: Group, call: Call, send: np.ndarray, send_splits: np.ndarray,
+             row_bytes: int, array: np.ndarray,
+             settings: Settings) -> tuple[np.ndarray, np.ndarray]:
+    """A small alltoall in the agreement's own messages.
+
+    The payload holds the matrix of every rank's splits, then, when this rank's send
+    buffer is small enough for ``auto`` to choose this way, room for every rank's whole
+    send buffer as if all were as long as this one's: each rank fills
+    its row and its buffer and zeros elsewhere, and the ranks combine by bitwise or.
+    When every rank sends as many bytes (the usual case) every rank made the same choice
+    and the rows have arrived; otherwise the ranks, all knowing the matrix now, move
+    the rows as ``auto`` chooses for their mean size (the payloads, of different
+    lengths, are not used).
+    """
+    size, rank = group.size, group.rank
+    matrix_bytes = 8 * size * size
+    mine = send.nbytes
+    fits = matrix_bytes + size * mine <= PAYLOAD_CAPACITY and \
+        auto_choice("alltoall", mine, size, settings) == "recursive_doubling"
+
+    def fill(data: np.ndarray) -> None:
+        data.fill(0)
+        data[:matrix_bytes].view(np.int64)[rank * size:(rank + 1) * size] = send_splits
+        if fits:
+            data[matrix_bytes + rank * mine:matrix_bytes + (rank + 1) * mine] = send
+
+    received = agree_carrying(group, call, BYTES, matrix_bytes + (size * mine if fits else 0),
+                              fill, np.bitwise_or)
+    matrix = received[:matrix_bytes].view(np.int64).reshape(size, size).copy()
+    received_splits = matrix[:, rank].copy()
+    rows = matrix.tolist()
+    if fits and all(sum(row) * row_bytes == mine for row in rows):
+        output = HOST.new(array, (sum(row[rank] for row in rows), *array.shape[1:]))
+        target = output.reshape(-1).view(np.uint8)
+        written = 0
+        for source, row in enumerate(rows):
+            start = matrix_bytes + source * mine + sum(row[:rank]) * row_bytes
+            length = row[rank] * row_bytes
+            target[written:written + length] = received[start:start + length]
+            written += length
+        return output, received_splits
+    nbytes = int(matrix.sum()) * row_bytes // size
+    algorithm = auto_choice("alltoall", nbytes, size, settings)
+    return _move(group, send, send_splits, received_splits, algorithm, HOST, array), \
+        received_splits
+
+
+def _move(group: Group, send: Any, send_splits: np.ndarray, received_splits: np.ndarray,
+          algorithm: str, memory: Any, like: Any) -> Any:
+    """The data phase: every rank's rows for this one, concatenated in rank order, by
+    ``native`` or ``pairwise``; a new array of ``like``'s kind and row shape."""
+    row_shape = tuple(like.shape[1:])
+    row_bytes = np.dtype(like.dtype).itemsize * math.prod(row_shape)
+    output = memory.new(like, (int(received_splits.sum()), *row_shape))
+    sent = (send_splits * row_bytes).tolist()
+    received = (received_splits * row_bytes).tolist()
+    if algorithm == "native":
+        _native.alltoall(group, memory.for_mpi(send, np.uint8), sent,
+                         memory.for_mpi(output, np.uint8), received, **memory.phase_args)
+    else:
+        _pairwise.alltoall(group, send, [0, *np.cumsum(sent).tolist()],
+                           output.reshape(-1).view(np.uint8),
+                           [0, *np.cumsum(received).tolist()])
+    return output
 
 
 def _exchange_splits(group: Group, send_splits: np.ndarray, row_bytes: int, chosen: str,

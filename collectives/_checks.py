@@ -12,7 +12,6 @@ from ..kernels import BFLOAT16, Compressor, is_floating
 from ._buffers import is_torch_tensor, torch_view
 from ._group import Group
 from ._ops import REDUCE_DTYPES, ReduceOp, check_dtype, check_op_for_dtype
-from ._ring import chunk_bounds
 from .errors import InvalidArgumentError, UnsupportedDtypeError, subject
 
 
@@ -130,7 +129,8 @@ def check_splits(splits: Any, rows: int, size: int, name: str | None) -> np.ndar
     """The rows this rank sends to each rank, as int64: ``splits`` checked, or, when it is
     None, ``rows`` cut as evenly as possible."""
     if splits is None:
-        return np.diff(np.array(chunk_bounds(rows, size), np.int64))
+        base, extra = divmod(rows, size)
+        return np.array([base + 1] * extra + [base] * (size - extra), np.int64)
     values = np.asarray(splits)
     if values.shape != (size,) or values.dtype.kind not in "iu" or (values < 0).any():
         raise InvalidArgumentError(

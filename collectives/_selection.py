@@ -3,9 +3,9 @@
 ``auto`` follows the tuning table in force (see :mod:`.tuning`): the tuned one that
 ``init`` loaded, for the sizes and group sizes it covers, else the built-in one. The
 built-in table keeps ringtrain's own algorithms up to 4 KiB (allreduce: recursive
-doubling up to ``recursive_doubling_max_bytes``; broadcast, allgather and
-reducescatter: ``recursive_doubling``, their data in the agreement's own messages;
-alltoall: the pairwise exchange) and takes MPI's own above, but for the large
+doubling up to ``recursive_doubling_max_bytes``; broadcast, allgather, reducescatter
+and alltoall: ``recursive_doubling``, their data in the agreement's own messages) and
+takes MPI's own above, but for the large
 allreduces of two ranks (the ring). Device tensors of
 ranks on one node are reduced on the GPUs through CUDA IPC (``ipc``) from
 ``ipc_min_bytes`` on. ``algorithm=`` on a call, then the ``*_algorithm`` settings,

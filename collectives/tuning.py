@@ -174,10 +174,10 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
     """The built-in table: ``auto``'s choice without a tuned table.
 
     Up to :data:`SMALL_MESSAGE_BYTES` ringtrain's own algorithms (recursive doubling
-    up to ``recursive_doubling_max_bytes`` for allreduce; for broadcast, allgather and
-    reducescatter ``recursive_doubling``, the data in the agreement's own messages, but
-    the binomial tree or the pipeline where ``broadcast_pipeline_min_bytes`` is set
-    below it; the pairwise exchange);
+    up to ``recursive_doubling_max_bytes`` for allreduce; for broadcast, allgather,
+    reducescatter and alltoall ``recursive_doubling``, the data in the agreement's own
+    messages, but the binomial tree or the pipeline where ``broadcast_pipeline_min_bytes``
+    is set below it);
     above it MPI's own, which was measured faster on one node, but for the large
     allreduces of two ranks (above :data:`NATIVE_ALLREDUCE_MAX_BYTES`), where
     ringtrain's ring is faster.
@@ -196,9 +196,7 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
             return (Range(own, "recursive_doubling"), Range(None, "native"))
         tree = (Range(start - 1, "binomial"),) if start > 0 else ()
         return (*tree, Range(own, "pipeline"), Range(None, "native"))
-    first = {"allgather": "recursive_doubling", "reducescatter": "recursive_doubling",
-             "alltoall": "pairwise"}[collective]
-    return (Range(own, first), Range(None, "native"))
+    return (Range(own, "recursive_doubling"), Range(None, "native"))
 
 
 # --------------------------------------------------------------------------- the file

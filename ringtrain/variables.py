@@ -330,7 +330,7 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
                   "native"),
     "allgather": ("auto", "ring", "recursive_doubling", "hierarchical", "native"),
     "reducescatter": ("auto", "ring", "recursive_doubling", "native"),
-    "alltoall": ("auto", "pairwise", "native"),
+    "alltoall": ("auto", "recursive_doubling", "pairwise", "native"),
 }
 """The algorithms each collective offers; ``auto`` picks by message and world size."""
 

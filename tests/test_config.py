@@ -118,7 +118,7 @@ def test_several_variables_at_once():
     ("RINGTRAIN_BROADCAST_PIPELINE_MIN_BYTES", ""),
     ("RINGTRAIN_ALLREDUCE_ALGORITHM", "tree"),
     ("RINGTRAIN_BROADCAST_ALGORITHM", "ring"),  # an algorithm of another collective
-    ("RINGTRAIN_ALLTOALL_ALGORITHM", "recursive_doubling"),
+    ("RINGTRAIN_ALLTOALL_ALGORITHM", "ring"),
     ("RINGTRAIN_FUSION_THRESHOLD", "lots"),
     ("RINGTRAIN_STALL_CHECK_SECONDS", "soon"),
     ("RINGTRAIN_STALL_SHUTDOWN_SECONDS", "-1"),
@@ -265,7 +265,7 @@ def test_algorithm_table():
     assert set(ALGORITHMS["allgather"]) == {"auto", "ring", "recursive_doubling",
                                             "hierarchical", "native"}
     assert set(ALGORITHMS["reducescatter"]) == {"auto", "ring", "recursive_doubling", "native"}
-    assert set(ALGORITHMS["alltoall"]) == {"auto", "pairwise", "native"}
+    assert set(ALGORITHMS["alltoall"]) == {"auto", "recursive_doubling", "pairwise", "native"}
     assert rt.ALGORITHMS is ALGORITHMS
 
 

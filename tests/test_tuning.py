@@ -103,7 +103,8 @@ def test_the_built_in_table_keeps_small_messages_and_uses_mpi_above():
                           Settings(broadcast_pipeline_min_bytes=1024)) == "pipeline"
     for collective, own in (("allgather", "recursive_doubling"),
                             ("reducescatter", "recursive_doubling"),
-                            ("alltoall", "pairwise"), ("broadcast", "recursive_doubling")):
+                            ("alltoall", "recursive_doubling"),
+                            ("broadcast", "recursive_doubling")):
         assert default_choice(collective, small, 3, SETTINGS) == own
         assert default_choice(collective, big, 3, SETTINGS) == "native"
     # the recursive-doubling setting still reaches above the small messages
@@ -197,7 +198,7 @@ def test_tune_measures_every_algorithm_and_merges_equal_winners():
     assert tuned_sizes(1024, 4096, 2) == (1024, 2048, 4096)
     assert candidates("allreduce", False) == ("ring", "recursive_doubling", "native")
     assert "node_leader" in candidates("allreduce", True)
-    assert candidates("alltoall", True) == ("pairwise", "native")
+    assert candidates("alltoall", True) == ("recursive_doubling", "pairwise", "native")
     assert ranges_of([(16, "ring"), (64, "ring"), (256, "native"), (1024, "ring")], 512) == (
         Range(64, "ring", 512), Range(256, "native"), Range(1024, "ring", 512))
     seconds = {"ring": 1.0, "native": 1.04, "recursive_doubling": 2.0}

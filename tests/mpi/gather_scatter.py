@@ -167,7 +167,7 @@ for _algorithm in SCATTER_ALGORITHMS:
 
 # --------------------------------------------------------------------------- alltoall
 
-ALLTOALL_ALGORITHMS = ["pairwise", "native", "auto"]
+ALLTOALL_ALGORITHMS = ["recursive_doubling", "pairwise", "native", "auto"]
 
 
 def uneven_splits(rank: int, k: int) -> list[int]:
