@@ -68,11 +68,41 @@ class PeerHandle(Handle):
         return self.settled
 
 
+class Outcome:
+    """How a blocking send or receive ended: what a :class:`PeerHandle` records for an
+    asynchronous one, without a future (nobody else waits for it).
+
+    Attributes:
+        name: the tensor's name, or None.
+        settled: whether the call has completed.
+    """
+
+    __slots__ = ("name", "settled", "_result", "_error")
+
+    def __init__(self, operation: str, name: str | None):
+        self.name = name
+        self.settled = False
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    def set_result(self, result: Any) -> None:
+        self._result, self.settled = result, True
+
+    def set_exception(self, exception: BaseException) -> None:
+        self._error, self.settled = exception, True
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The result, or raise the call's error (once :attr:`settled`)."""
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
 class InFlight(Protocol):
     """What the engine needs of a send or receive in flight (see :mod:`._p2p_protocol`;
     the methods here are the defaults of its operations)."""
 
-    handle: PeerHandle
+    handle: PeerHandle | Outcome
     channels: Any
     kind: str
     direction: str
@@ -135,7 +165,8 @@ class Engine:
         with self._lock:
             return self._advance()
 
-    def wait(self, handles: Sequence[PeerHandle], timeout: float | None = None) -> None:
+    def wait(self, handles: Sequence[PeerHandle | Outcome],
+             timeout: float | None = None) -> None:
         """Advance until every one of ``handles`` is done (or ``timeout`` seconds passed)."""
         _wait_until(lambda: all(handle.settled for handle in handles), self.advance_all,
                     lambda: self._waiting_entry(handles), timeout)
@@ -156,7 +187,7 @@ class Engine:
         _wait_until(lambda: operation.handle.settled, lambda: _advance_one(operation),
                     operation.wait_entry)
 
-    def _waiting_entry(self, handles: Sequence[PeerHandle]) -> PeerWait | None:
+    def _waiting_entry(self, handles: Sequence[PeerHandle | Outcome]) -> PeerWait | None:
         with self._lock:
             for operation in self._pending:
                 if operation.handle in handles:

@@ -41,7 +41,7 @@ from mpi4py import MPI
 
 from ._activity import PeerWait
 from ._p2p_channels import Channels
-from ._p2p_engine import InFlight, PeerHandle
+from ._p2p_engine import InFlight, Outcome, PeerHandle
 from ._p2p_header import Expectation, Header, encode_header
 from .errors import MessageMismatchError
 
@@ -68,8 +68,8 @@ class Operation(InFlight):
     kind = "?"
     direction = "?"
 
-    def __init__(self, handle: PeerHandle, channels: Channels, peer: int, peer_world: int,
-                 me_world: int, tag: int):
+    def __init__(self, handle: PeerHandle | Outcome, channels: Channels, peer: int,
+                 peer_world: int, me_world: int, tag: int):
         self.handle = handle
         self.channels, self.peer, self.tag = channels, peer, tag
         self.peer_world, self.me_world = peer_world, me_world
@@ -102,8 +102,8 @@ class SendOperation(Operation):
 
     kind, direction = "send", "to"
 
-    def __init__(self, handle: PeerHandle, channels: Channels, peer: int, peer_world: int,
-                 me_world: int, tag: int, data: np.ndarray):
+    def __init__(self, handle: PeerHandle | Outcome, channels: Channels, peer: int,
+                 peer_world: int, me_world: int, tag: int, data: np.ndarray):
         super().__init__(handle, channels, peer, peer_world, me_world, tag)
         self._data = data.reshape(-1).view(np.uint8) if data.size else \
             np.empty(0, np.uint8)
@@ -163,8 +163,8 @@ class ReceiveOperation(Operation):
 
     kind, direction = "recv", "from"
 
-    def __init__(self, handle: PeerHandle, channels: Channels, peer: int, peer_world: int,
-                 me_world: int, tag: int, expectation: Expectation,
+    def __init__(self, handle: PeerHandle | Outcome, channels: Channels, peer: int,
+                 peer_world: int, me_world: int, tag: int, expectation: Expectation,
                  target: Callable[[Header], np.ndarray], finish: Callable[[np.ndarray], Any]):
         super().__init__(handle, channels, peer, peer_world, me_world, tag)
         self._expectation = expectation

@@ -23,7 +23,7 @@ from ._executor import Handle
 from ._group import Group
 from ._ops import COPY_DTYPES, check_dtype
 from ._p2p_channels import channels_of
-from ._p2p_engine import ENGINE, PeerHandle
+from ._p2p_engine import ENGINE, Outcome, PeerHandle
 from ._p2p_header import Expectation, Header
 from ._p2p_protocol import Operation, ReceiveOperation, SendOperation
 from ._process_sets import ProcessSet, resolve_group
@@ -171,9 +171,9 @@ def batch_isend_irecv(operations: Sequence[SendOp | RecvOp],
 
 def _complete(operation: SendOp | RecvOp, process_set: ProcessSet | None) -> Any:
     """Run one blocking send or receive to its end; its result (None for a send)."""
-    prepared = _prepare(operation, process_set)
+    prepared = _prepare(operation, process_set, Outcome)
     ENGINE.complete(prepared)
-    return prepared.handle.result(0)
+    return prepared.handle.result()
 
 
 def _wait_all(handles: Sequence[Handle]) -> list[Any]:
@@ -181,7 +181,8 @@ def _wait_all(handles: Sequence[Handle]) -> list[Any]:
     return [handle.result() for handle in handles]
 
 
-def _prepare(operation: SendOp | RecvOp, process_set: ProcessSet | None) -> Operation:
+def _prepare(operation: SendOp | RecvOp, process_set: ProcessSet | None,
+             handle_type: type[PeerHandle | Outcome] = PeerHandle) -> Operation:
     if isinstance(operation, SendOp):
         what, peer = "send", operation.dst
     elif isinstance(operation, RecvOp):
@@ -200,7 +201,7 @@ def _prepare(operation: SendOp | RecvOp, process_set: ProcessSet | None) -> Oper
         raise InvalidArgumentError(
             f"{subject(what, name)}: tag must be an int from 0 to {channels.tag_limit}, "
             f"got {tag!r}")
-    handle = PeerHandle(what, name)
+    handle = handle_type(what, name)
     arguments = (handle, channels, peer_rank, int(peer), group.world_rank, int(tag))
     if isinstance(operation, SendOp):
         return SendOperation(*arguments, _send_data(operation.tensor, name))
