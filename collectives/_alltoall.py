@@ -103,12 +103,12 @@ def _carried(group: Group, call: Call, send: np.ndarray, send_splits: np.ndarray
 
     The payload holds the matrix of every rank's splits, then, when this rank's send
     buffer is small enough for ``auto`` to choose this way, room for every rank's whole
-    send buffer as if all were as long as this one's: each rank fills
-    its row and its buffer and zeros elsewhere, and the ranks combine by bitwise or.
-    When every rank sends as many bytes (the usual case) every rank made the same choice
-    and the rows have arrived; otherwise the ranks, all knowing the matrix now, move
-    the rows as ``auto`` chooses for their mean size (the payloads, of different
-    lengths, are not used).
+    send buffer as if all were as long as this one's: each rank fills its row and its
+    buffer and zeros elsewhere, and the ranks combine by bitwise or. When every rank
+    sends as many bytes (the usual case) every rank made the same choice and the rows
+    have arrived; otherwise the ranks, all knowing the matrix now, move the rows as
+    ``auto`` chooses for their mean size (the payloads, of different lengths, are not
+    used).
     """
     size, rank = group.size, group.rank
     matrix_bytes = 8 * size * size
