@@ -268,6 +268,39 @@ def agree_carrying(group: Group, call: Call, dtype: np.dtype, count: int,
         group, made, buffers, buffers.payload(dtype, count), fill, combine))
 
 
+def agree_gathering(group: Group, call: Call, words: np.ndarray,
+                    data: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Check that every rank made the same call while gathering ``words`` (int64, as
+    many on every rank) from every rank, and ``data`` (bytes) too when given and small
+    enough to ride along.
+
+    Each rank fills its words, and its data at the offset it would have if every rank
+    gave as many bytes as this one, zeros elsewhere; the ranks combine by bitwise or.
+
+    Returns:
+        Every rank's words (ranks x words, a copy), and the payload's data part (ranks x
+        this rank's data bytes, valid until the next agreement on ``group``), or None
+        when ``data`` was None or does not fit. The data part holds every rank's data
+        only where every rank gave as many bytes: the caller tells from the words.
+    """
+    size, rank, width = group.size, group.rank, words.size
+    word_bytes = 8 * size * width
+    if data is not None and word_bytes + size * data.nbytes > PAYLOAD_CAPACITY:
+        data = None
+    mine = 0 if data is None else data.nbytes
+
+    def fill(payload: np.ndarray) -> None:
+        payload.fill(0)
+        payload[:word_bytes].view(np.int64)[rank * width:(rank + 1) * width] = words
+        if mine:
+            payload[word_bytes + rank * mine:word_bytes + (rank + 1) * mine] = data
+
+    received = agree_carrying(group, call, BYTES, word_bytes + size * mine, fill,
+                              np.bitwise_or)
+    gathered = received[:word_bytes].view(np.int64).reshape(size, width).copy()
+    return gathered, None if data is None else received[word_bytes:]
+
+
 def _enter(group: Group, call: Call) -> Call:
     """Note the call in progress for the stall inspector; returns it as this thread made
     it (see :meth:`Call.made_by`)."""

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from . import _hierarchical, _native, _ring
-from ._agreement import BYTES, PAYLOAD_CAPACITY, Call, agree, agree_carrying
+from ._agreement import Call, agree, agree_gathering
 from ._buffers import device_tensor, results_like
 from ._calls import collective_call
 from ._checks import flat, input_array
@@ -144,31 +144,17 @@ def _carried(group: Group, call: Call, rows: np.ndarray,
              row_shape: tuple[int, ...]) -> np.ndarray:
     """A small allgather in the agreement's own messages.
 
-    The payload holds every rank's row count, then, when they fit, room for every
-    rank's rows as if all ranks had as many as this one: each rank fills its count and
-    its rows and zeros elsewhere, and the ranks combine by bitwise or. When every count
-    is the same (the usual case), every rank made the same choice and the rows have
-    arrived; otherwise the ranks, all knowing every count now, gather the rows as
-    ``auto`` chooses for their total size (the payloads, of different lengths, are not
-    used).
+    Every rank's row count, and its rows when they fit, ride in the agreement
+    (:func:`agree_gathering`). When every count is the same (the usual case), every rank
+    made the same choice and the rows have arrived; otherwise the ranks, all knowing
+    every count now, gather the rows as ``auto`` chooses for their total size (the
+    payloads, of different lengths, are not used).
     """
-    size, rank = group.size, group.rank
-    count_bytes = 8 * size
-    mine = rows.nbytes
-    rows_bytes = flat(rows).view(np.uint8)
-    fits = count_bytes + size * mine <= PAYLOAD_CAPACITY
-
-    def fill(data: np.ndarray) -> None:
-        data.fill(0)
-        data[:count_bytes].view(np.int64)[rank] = rows.shape[0]
-        if fits:
-            data[count_bytes + rank * mine:count_bytes + (rank + 1) * mine] = rows_bytes
-
-    received = agree_carrying(group, call, BYTES, count_bytes + (size * mine if fits else 0),
-                              fill, np.bitwise_or)
-    counts = received[:count_bytes].view(np.int64)
-    if fits and counts.tolist() == [rows.shape[0]] * size:
-        output = np.empty((rows.shape[0] * size, *row_shape), rows.dtype)
-        output.reshape(-1).view(np.uint8)[:] = received[count_bytes:]
+    gathered, slots = agree_gathering(group, call, np.array([rows.shape[0]], np.int64),
+                                      flat(rows).view(np.uint8))
+    counts = gathered[:, 0]
+    if slots is not None and counts.tolist() == [rows.shape[0]] * group.size:
+        output = np.empty((rows.shape[0] * group.size, *row_shape), rows.dtype)
+        output.reshape(-1).view(np.uint8)[:] = slots
         return output
-    return gather_rows(group, rows, row_shape, "auto", counts=counts.copy())[0]
+    return gather_rows(group, rows, row_shape, "auto", counts=counts)[0]

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from . import _native, _pairwise
-from ._agreement import BYTES, PAYLOAD_CAPACITY, Call, agree, agree_carrying
+from ._agreement import Call, agree, agree_gathering
 from ._buffers import device_tensor, results_like
 from ._calls import collective_call
 from ._checks import check_splits, check_splittable, flat, input_array
@@ -101,40 +101,26 @@ def _carried(group: Group, call: Call, send: np.ndarray, send_splits: np.ndarray
              settings: Settings) -> tuple[np.ndarray, np.ndarray]:
     """A small alltoall in the agreement's own messages.
 
-    The payload holds the matrix of every rank's splits, then, when this rank's send
-    buffer is small enough for ``auto`` to choose this way, room for every rank's whole
-    send buffer as if all were as long as this one's: each rank fills its row and its
-    buffer and zeros elsewhere, and the ranks combine by bitwise or. When every rank
-    sends as many bytes (the usual case) every rank made the same choice and the rows
-    have arrived; otherwise the ranks, all knowing the matrix now, move the rows as
-    ``auto`` chooses for their mean size (the payloads, of different lengths, are not
-    used).
+    Every rank's splits (the matrix), and its whole send buffer when it is small enough
+    for ``auto`` to choose this way, ride in the agreement (:func:`agree_gathering`).
+    When every rank sends as many bytes (the usual case) every rank made the same choice
+    and the rows have arrived; otherwise the ranks, all knowing the matrix now, move the
+    rows as ``auto`` chooses for their mean size (the payloads, of different lengths,
+    are not used).
     """
-    size, rank = group.size, group.rank
-    matrix_bytes = 8 * size * size
-    mine = send.nbytes
-    fits = matrix_bytes + size * mine <= PAYLOAD_CAPACITY and \
-        auto_choice("alltoall", mine, size, settings) == "recursive_doubling"
-
-    def fill(data: np.ndarray) -> None:
-        data.fill(0)
-        data[:matrix_bytes].view(np.int64)[rank * size:(rank + 1) * size] = send_splits
-        if fits:
-            data[matrix_bytes + rank * mine:matrix_bytes + (rank + 1) * mine] = send
-
-    received = agree_carrying(group, call, BYTES, matrix_bytes + (size * mine if fits else 0),
-                              fill, np.bitwise_or)
-    matrix = received[:matrix_bytes].view(np.int64).reshape(size, size).copy()
+    size, rank, mine = group.size, group.rank, send.nbytes
+    small = auto_choice("alltoall", mine, size, settings) == "recursive_doubling"
+    matrix, slots = agree_gathering(group, call, send_splits, send if small else None)
     received_splits = matrix[:, rank].copy()
     rows = matrix.tolist()
-    if fits and all(sum(row) * row_bytes == mine for row in rows):
+    if slots is not None and all(sum(row) * row_bytes == mine for row in rows):
         output = HOST.new(array, (sum(row[rank] for row in rows), *array.shape[1:]))
         target = output.reshape(-1).view(np.uint8)
         written = 0
         for source, row in enumerate(rows):
-            start = matrix_bytes + source * mine + sum(row[:rank]) * row_bytes
+            start = source * mine + sum(row[:rank]) * row_bytes
             length = row[rank] * row_bytes
-            target[written:written + length] = received[start:start + length]
+            target[written:written + length] = slots[start:start + length]
             written += length
         return output, received_splits
     nbytes = int(matrix.sum()) * row_bytes // size
