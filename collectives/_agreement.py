@@ -34,10 +34,13 @@ round trip. An allreduce combines its payloads by its op; a broadcast, an allgat
 keeping its rows) use the same exchange. Receive buffers hold ``PAYLOAD_CAPACITY``
 bytes on every rank whatever the local settings, so a rank sending a different size
 still cannot overflow its partner, and payloads are combined only when the headers
-agree. A step of this exchange (one ``MPI_Sendrecv``) costs about what the MPI
-library's own small allreduce does (2.7 against 3.1 µs at 2 ranks), so handing the
-payload to ``MPI_Allreduce`` with a user-defined reduction would not be faster, and it
-could not bound what a mismatched rank sends.
+agree.
+
+The exchange runs as compiled code that calls the MPI library itself
+(:mod:`._compiled_exchange`), where it can: then the agreement, payload included, costs
+what ``MPI_Sendrecv`` steps do, which at 2 ranks is what the MPI library's own small
+allreduce costs. Handing the payload to ``MPI_Allreduce`` with a user-defined reduction
+would not be faster, and it could not bound what a mismatched rank sends.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ import numpy as np
 from ..kernels.reduction import Combine
 from . import _name_matching, _recursive_doubling
 from ._activity import ACTIVITY
+from ._compiled_exchange import (HEADERS, HEADERS_IF_DIFFERENT, PAYLOADS, CompiledExchange,
+                                 compiled_exchange, payload_code)
 from ._tracing import phase
 from ._executor import MAIN_THREAD, TURN
 from ._group import Group
@@ -343,8 +348,7 @@ def agree_joined(group: Group, call: Call) -> list[dict[str, Any]] | None:
     # stall inspector must not report it.
     with phase("joined"):
         buffers.header_bytes[:] = call.fresh_header
-        _recursive_doubling.exchange(group, buffers.alone, buffers.receive,
-                                     buffers.combine_headers)
+        _exchange_headers(group, buffers, every_step=True)
         if buffers.signature == call.header_bytes:
             return None
         return [fields for fields, _ in group.comm.allgather((call.fields, Order()))]
@@ -358,9 +362,7 @@ def _exchange_header(group: Group, call: Call, buffers: _Buffers,
         header[2] = np.float64(local_range[0]).view(np.int64)
         if local_range[1]:
             header[3:] = (group.rank, -group.rank)
-    _recursive_doubling.exchange(group, buffers.alone, buffers.receive,
-                                 buffers.combine_headers if local_range is not None
-                                 else buffers.combine_differing)
+    _exchange_headers(group, buffers, every_step=local_range is not None)
     # The combined header is [max, -min] of all signatures: ours again exactly when all agree.
     if buffers.signature != call.header_bytes:
         return _DIFFERENT
@@ -377,16 +379,38 @@ def _exchange_carrying(group: Group, call: Call, buffers: _Buffers, views: _Payl
     data, received = views.data, views.received
     fill(data)
     signature, received_signature = buffers.signature, buffers.received_signature
+    compiled = _compiled(group)
+    code = None if compiled is None else payload_code(data.dtype, combine)
+    if code is not None:
+        compiled.run(buffers.message, views.message.nbytes, buffers.receive, PAYLOADS, code,
+                     data, received)
+    else:
+        def fold(_: np.ndarray) -> None:
+            # Unequal headers mean unequal calls: the payloads may differ even in size.
+            if received_signature == signature:
+                combine(data, received, out=data)
+            else:
+                buffers.combine_headers()
 
-    def fold(_: np.ndarray) -> None:
-        # Unequal headers mean unequal calls: the payloads may differ even in size.
-        if received_signature == signature:
-            combine(data, received, out=data)
-        else:
-            buffers.combine_headers()
-
-    _recursive_doubling.exchange(group, views.message, buffers.receive, fold)
+        _recursive_doubling.exchange(group, views.message, buffers.receive, fold)
     return data if signature == call.header_bytes else _DIFFERENT
+
+
+def _exchange_headers(group: Group, buffers: _Buffers, every_step: bool) -> None:
+    """Exchange the headers alone, combining them at every step or only where the
+    signatures differ."""
+    compiled = _compiled(group)
+    if compiled is not None:
+        compiled.run(buffers.message, HEADER_BYTES, buffers.receive,
+                     HEADERS if every_step else HEADERS_IF_DIFFERENT)
+    else:
+        _recursive_doubling.exchange(group, buffers.alone, buffers.receive,
+                                     buffers.combine_headers if every_step
+                                     else buffers.combine_differing)
+
+
+def _compiled(group: Group) -> CompiledExchange | None:
+    return compiled_exchange(group, SIGNATURE_BYTES, HEADER_BYTES)
 
 
 def _resolve_mismatch(group: Group, call: Call, waited: float) -> None:

@@ -468,6 +468,11 @@ RESULT_POOL_BYTES: Variable[int] = _declare(Variable(
     "RINGTRAIN_RESULT_POOL_BYTES", parse_size, 1 << 30,
     "bytes of freed results of 1 MiB and up kept for the next results (no page faults); "
     "0: every result from numpy"))
+COMPILED_EXCHANGE: Variable[bool] = _declare(Variable(
+    "RINGTRAIN_COMPILED_EXCHANGE",
+    switch("the agreement's exchange runs compiled", "it runs in Python"), True,
+    "1: the agreement's exchange (and the small collectives riding in it) runs as "
+    "compiled code calling the MPI library; 0: in Python through mpi4py"))
 
 # Read by ringtrain.kvstore.create (RINGTRAIN_KV_SERVERS also set by ringtrain-run --servers).
 KV_SERVERS: Variable[int | None] = _declare(Variable(

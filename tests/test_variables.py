@@ -49,6 +49,7 @@ MALFORMED = {
     "RINGTRAIN_KV_SERVERS": "0",
     "RINGTRAIN_KV_BIGARRAY_BOUND": "1M",
     "RINGTRAIN_RESULT_POOL_BYTES": "plenty",
+    "RINGTRAIN_COMPILED_EXCHANGE": "fast",
 }
 """A malformed value of every variable that has one (a path cannot be malformed)."""
 
@@ -70,6 +71,7 @@ WELL_FORMED = {
     "RINGTRAIN_KV_SERVERS": ("2", 2),
     "RINGTRAIN_KV_BIGARRAY_BOUND": ("1000", 1000),
     "RINGTRAIN_RESULT_POOL_BYTES": ("256M", 256 << 20),
+    "RINGTRAIN_COMPILED_EXCHANGE": ("0", False),
 }
 
 

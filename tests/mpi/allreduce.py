@@ -5,10 +5,13 @@ Run: mpiexec -n K python tests/mpi/allreduce.py [--only SUBSTRING]
 
 from __future__ import annotations
 
+import contextlib
+
 import ml_dtypes
 import numpy as np
 
 import ringtrain as rt
+from ringtrain.collectives._world import world
 from _harness import (FLOAT_DTYPES, INT_DTYPES, OPS, REDUCE_DTYPES, WORLD, Digests,
                       adasum_reference, all_inputs, assert_equal_arrays, assert_reduced, check,
                       configured, expect_raises, main, make_input, noncontiguous_views,
@@ -393,6 +396,101 @@ def every_algorithm_agrees_with_native():
                     what = label("allreduce", algorithm, op, dtype, shape, " vs native")
                     assert_reduced(y, native.astype(np.float64 if dtype.kind == "f"
                                                     else np.int64), dtype, what)
+
+
+# --------------------------------------------------------------------------- exchange
+
+EXCHANGE_OPS = [rt.Sum, rt.Min, rt.Max, rt.Product]
+
+
+@contextlib.contextmanager
+def python_exchange(on_this_rank: bool = True):
+    """The agreement's exchange in Python on this rank for the block, if asked; the
+    compiled one otherwise (see collectives/_compiled_exchange.py)."""
+    state = world().group.state
+    saved = state.pop("compiled exchange", None)
+    if on_this_rank:
+        state["compiled exchange"] = None
+    try:
+        yield
+    finally:
+        state.pop("compiled exchange", None)
+        if saved is not None:
+            state["compiled exchange"] = saved
+
+
+def special_input(rank: int, dtype: np.dtype, op) -> np.ndarray:
+    """Values that test a combining step's edges: infinities, NaN, overflow, wraparound
+    of integers, and small exact values that vary with the rank."""
+    if dtype.kind == "f":
+        big = np.finfo(dtype).max
+        values = [np.inf, -np.inf, np.nan if rank % 2 == 0 else 2.0, big, 0.5 * rank - 1,
+                  1.0 + rank, -2.0, 0.25]
+        if op is rt.Product:
+            values[3] = big if rank % 2 else 2.0
+        return np.array(values, dtype)
+    info = np.iinfo(dtype)
+    return np.array([info.max, info.min, info.max - rank, (rank + 1) % 3, 3 + rank, -1 if
+                     info.min else 1, rank % 2, 7], dtype)
+
+
+def combined_in_rank_order(inputs: list[np.ndarray], op) -> np.ndarray:
+    """numpy's own combination of the ranks' inputs, left to right in their dtype."""
+    function = {rt.Sum: np.add, rt.Min: np.minimum, rt.Max: np.maximum,
+                rt.Product: np.multiply}[op]
+    result = inputs[0].copy()
+    for x in inputs[1:]:
+        with np.errstate(all="ignore"):
+            function(result, x, out=result)
+    return result
+
+
+@check
+def compiled_and_python_exchanges_agree_with_numpy():
+    """Small allreduces ride in the agreement's exchange: the compiled one, the Python
+    one, and ranks mixing the two all give numpy's values (NaN where numpy has NaN, the
+    same infinities, integers wrapped as numpy wraps them), bit-identical on every rank."""
+    k, me = rt.size(), rt.rank()
+    digests = Digests()
+    for form, python_here in [("compiled", False), ("python", True),
+                              ("mixed", me % 2 == 1)]:
+        with python_exchange(python_here):
+            for dtype in REDUCE_DTYPES:
+                for op in EXCHANGE_OPS:
+                    inputs = [special_input(r, dtype, op) for r in range(k)]
+                    expected = combined_in_rank_order(inputs, op)
+                    got = rt.allreduce(inputs[me], op, name=f"special {form}")
+                    what = f"{form} exchange, {op.name} of {dtype.name}"
+                    assert got.dtype == dtype, f"{what}: dtype {got.dtype}"
+                    if dtype.kind == "f" and dtype.itemsize > 2:
+                        assert np.array_equal(got, expected, equal_nan=True), \
+                            f"{what}: got {got}, numpy gives {expected}"
+                    elif dtype.kind in "iu":
+                        assert np.array_equal(got, expected), \
+                            f"{what}: got {got}, numpy gives {expected}"
+                    digests.add(what, got)
+            gathered = rt.allgather(np.full(3, me, np.int16), name=f"gathered {form}")
+            assert np.array_equal(gathered, np.repeat(np.arange(k, dtype=np.int16), 3))
+            sent = rt.broadcast(np.arange(5.0) + me, k - 1, name=f"broadcast {form}")
+            assert np.array_equal(sent, np.arange(5.0) + k - 1)
+            if k > 1:
+                shape = (4,) if me == k - 1 else (3,)
+                expect_raises(rt.MismatchError, rt.allreduce, np.ones(shape),
+                              match=("shape",), name=f"mismatch {form}")
+    digests.verify()
+
+
+@check(min_size=2)
+def zero_ties_give_the_same_bits_on_every_rank():
+    """+0 on some ranks and -0 on others: the minimum is -0 and the maximum +0 on every
+    rank, whatever order each rank combined them in."""
+    me = rt.rank()
+    for dtype in (np.float32, np.float64):
+        zeros = np.array([0.0, -0.0] if me % 2 else [-0.0, 0.0], dtype)
+        low = rt.allreduce(zeros, rt.Min, name="zero ties")
+        high = rt.allreduce(zeros, rt.Max, name="zero ties")
+        assert np.signbit(low).all() and not np.signbit(high).any(), \
+            f"{np.dtype(dtype).name}: min {low}, max {high}"
 
 
 # --------------------------------------------------------------------------- Adasum

@@ -1,0 +1,71 @@
+"""The compiled exchange's parts that one process can check: MPI functions found and
+called from compiled code, handles, which payloads it combines, and turning it off.
+(tests/mpi/allreduce.py checks its results against numpy and the Python exchange.)"""
+
+from __future__ import annotations
+
+import ctypes
+from types import SimpleNamespace
+
+import numba
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from ringtrain.collectives._compiled_exchange import compiled_exchange, payload_code
+from ringtrain.collectives._native_calls import call_c, load_mpi_functions
+from ringtrain.kernels import BFLOAT16, reducer
+
+
+@numba.njit(cache=False)
+def _call_with_int32(address, value):
+    return call_c(address, (np.int32(value),))
+
+
+def test_call_c_calls_the_function_at_an_address():
+    labs = ctypes.cast(ctypes.CDLL(None).abs, ctypes.c_void_p).value
+    assert _call_with_int32(labs, -7) == 7
+    assert _call_with_int32(labs, 12) == 12
+
+
+def test_the_mpi_library_functions_are_found():
+    functions, reason = load_mpi_functions()
+    assert functions is not None, reason
+    assert all(address for address in (functions.sendrecv, functions.send, functions.recv))
+    assert functions.status_bytes == MPI._sizeof(MPI.Status)
+
+
+@pytest.mark.parametrize("mpi_object", [MPI.COMM_WORLD, MPI.COMM_SELF, MPI.BYTE])
+def test_handles_keep_their_bits_at_the_c_width(mpi_object):
+    functions, _ = load_mpi_functions()
+    handle = functions.handle(mpi_object)
+    width = 8 * functions.handle_dtype.itemsize
+    assert handle.dtype == functions.handle_dtype
+    assert int(handle) % (1 << width) == MPI._handleof(mpi_object) % (1 << width)
+
+
+def test_payload_codes_cover_numpy_combinations_and_nothing_else():
+    native = [np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32, np.int64]
+    ufuncs = (np.add, np.minimum, np.maximum, np.multiply)
+    for f in ufuncs:
+        assert len({payload_code(np.dtype(t), f) for t in native}) == 1, f
+    codes = {payload_code(np.dtype(np.float32), f) for f in ufuncs}
+    assert None not in codes and len(codes) == len(ufuncs)
+    assert payload_code(np.dtype(np.uint8), np.bitwise_or) not in codes
+    assert payload_code(np.dtype(np.float16), np.add) is None
+    assert payload_code(np.dtype(np.float32), np.subtract) is None
+    assert payload_code(BFLOAT16, reducer("sum", BFLOAT16)) is None
+
+
+def _group_of_two(rank: int) -> SimpleNamespace:
+    """What the exchange reads of a group (MPI is not initialized in this process)."""
+    return SimpleNamespace(state={}, rank=rank, size=2, comm=MPI.COMM_WORLD)
+
+
+def test_turned_off_the_agreement_uses_the_python_exchange(monkeypatch):
+    monkeypatch.setenv("RINGTRAIN_COMPILED_EXCHANGE", "0")
+    assert compiled_exchange(_group_of_two(0), 16, 40) is None
+    monkeypatch.setenv("RINGTRAIN_COMPILED_EXCHANGE", "1")
+    group = _group_of_two(1)
+    assert compiled_exchange(group, 16, 40) is not None
+    assert compiled_exchange(group, 16, 40) is group.state["compiled exchange"]
