@@ -21,23 +21,29 @@ class Entry:
     Attributes:
         number: how many collectives this rank had entered on these ranks, this one
             included (1 for the first): the same on every rank for the same call.
-        collective: e.g. ``"allreduce"``.
-        name: the tensor's name, or None.
         world_ranks: the ranks taking part.
-        fields: everything the ranks compare (dtype, shape, algorithm, ...).
+        fields: everything the ranks compare (collective, name, dtype, shape, ...).
         started: ``time.monotonic()`` when this rank entered.
     """
 
-    __slots__ = ("number", "collective", "name", "world_ranks", "fields", "started")
+    __slots__ = ("number", "world_ranks", "fields", "started")
 
-    def __init__(self, number: int, collective: str, name: str | None,
-                 world_ranks: tuple[int, ...], fields: dict[str, Any], started: float):
+    def __init__(self, number: int, world_ranks: tuple[int, ...], fields: dict[str, Any],
+                 started: float):
         self.number = number
-        self.collective = collective
-        self.name = name
         self.world_ranks = world_ranks
         self.fields = fields
         self.started = started
+
+    @property
+    def collective(self) -> str:
+        """e.g. ``"allreduce"``."""
+        return self.fields.get("collective", "?")
+
+    @property
+    def name(self) -> str | None:
+        """The tensor's name, or None."""
+        return self.fields.get("name")
 
     def describe(self) -> str:
         """``"allreduce of tensor 'w' (call 12 on ranks 0-3)"``."""
@@ -88,8 +94,7 @@ class Activity:
         """This rank starts a collective's agreement."""
         number = self.entered_on.get(world_ranks, 0) + 1
         self.entered_on[world_ranks] = number
-        self.current = Entry(number, fields.get("collective", "?"), fields.get("name"),
-                             world_ranks, fields, time.monotonic())
+        self.current = Entry(number, world_ranks, fields, time.monotonic())
 
     def resume(self, entry: Entry | None) -> None:
         """The collective ``entry`` is in progress again (a call ran inside its agreement)."""

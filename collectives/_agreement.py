@@ -161,11 +161,12 @@ _NO_RANGE = np.array([0, _NO_RANK, _NO_RANK], np.int64)
 
 
 class _Buffers:
-    """The agreement's message buffers of one group, allocated once, and the typed views
-    of their payload areas (kept per dtype and length: a small call's views are made
-    once)."""
+    """The agreement's message buffers of one group, allocated once, the typed views of
+    their payload areas (kept per dtype and length: a small call's views are made once),
+    and the group's compiled exchange (None: the Python one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, compiled: CompiledExchange | None) -> None:
+        self.compiled = compiled
         self.message = np.empty(HEADER_BYTES + PAYLOAD_CAPACITY, np.uint8)
         self.receive = np.empty(HEADER_BYTES + PAYLOAD_CAPACITY, np.uint8)
         self.header = self.message[:HEADER_BYTES].view(np.int64)
@@ -215,7 +216,8 @@ class _PayloadViews:
 def _buffers_of(group: Group) -> _Buffers:
     buffers = group.state.get("agreement")
     if buffers is None:
-        buffers = group.state["agreement"] = _Buffers()
+        buffers = group.state["agreement"] = _Buffers(
+            compiled_exchange(group, SIGNATURE_BYTES, HEADER_BYTES))
     return buffers
 
 
@@ -379,7 +381,7 @@ def _exchange_carrying(group: Group, call: Call, buffers: _Buffers, views: _Payl
     data, received = views.data, views.received
     fill(data)
     signature, received_signature = buffers.signature, buffers.received_signature
-    compiled = _compiled(group)
+    compiled = buffers.compiled
     code = None if compiled is None else payload_code(data.dtype, combine)
     if code is not None:
         compiled.run(buffers.message, views.message.nbytes, buffers.receive, PAYLOADS, code,
@@ -399,7 +401,7 @@ def _exchange_carrying(group: Group, call: Call, buffers: _Buffers, views: _Payl
 def _exchange_headers(group: Group, buffers: _Buffers, every_step: bool) -> None:
     """Exchange the headers alone, combining them at every step or only where the
     signatures differ."""
-    compiled = _compiled(group)
+    compiled = buffers.compiled
     if compiled is not None:
         compiled.run(buffers.message, HEADER_BYTES, buffers.receive,
                      HEADERS if every_step else HEADERS_IF_DIFFERENT)
@@ -408,9 +410,6 @@ def _exchange_headers(group: Group, buffers: _Buffers, every_step: bool) -> None
                                      buffers.combine_headers if every_step
                                      else buffers.combine_differing)
 
-
-def _compiled(group: Group) -> CompiledExchange | None:
-    return compiled_exchange(group, SIGNATURE_BYTES, HEADER_BYTES)
 
 
 def _resolve_mismatch(group: Group, call: Call, waited: float) -> None:

@@ -179,16 +179,8 @@ _reason = ""
 
 def compiled_exchange(group: Group, signature_bytes: int,
                       header_bytes: int) -> CompiledExchange | None:
-    """``group``'s compiled exchange (kept with the group), or None where it is off or
-    cannot run (then said once, at DEBUG level)."""
-    exchange = group.state.get("compiled exchange", False)
-    if exchange is False:
-        exchange = group.state["compiled exchange"] = _set_up(group, signature_bytes,
-                                                              header_bytes)
-    return exchange  # type: ignore[return-value]
-
-
-def _set_up(group: Group, signature_bytes: int, header_bytes: int) -> CompiledExchange | None:
+    """The compiled exchange of ``group``, or None where it is off or cannot run (then
+    said once, at DEBUG level)."""
     global _functions, _reason
     if not COMPILED_EXCHANGE.read():
         return None

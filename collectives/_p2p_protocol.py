@@ -78,9 +78,10 @@ class Operation(InFlight):
 
     def wait_entry(self) -> PeerWait:
         """What this operation waits for, for the stall inspector."""
-        return PeerWait(0, self.kind, self.handle.name, (self.me_world, self.peer_world),
-                        {"tag": self.tag, "peer": self.peer_world,
-                         "direction": self.direction}, time.monotonic())
+        return PeerWait(0, (self.me_world, self.peer_world),
+                        {"collective": self.kind, "name": self.handle.name, "tag": self.tag,
+                         "peer": self.peer_world, "direction": self.direction},
+                        time.monotonic())
 
     def _requests_done(self) -> bool:
         if self._requests and not MPI.Request.Testall(self._requests):

@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 
 import ringtrain as rt
+from ringtrain.collectives._agreement import _buffers_of
 from ringtrain.collectives._world import world
 from _harness import (FLOAT_DTYPES, INT_DTYPES, OPS, REDUCE_DTYPES, WORLD, Digests,
                       adasum_reference, all_inputs, assert_equal_arrays, assert_reduced, check,
@@ -407,16 +408,15 @@ EXCHANGE_OPS = [rt.Sum, rt.Min, rt.Max, rt.Product]
 def python_exchange(on_this_rank: bool = True):
     """The agreement's exchange in Python on this rank for the block, if asked; the
     compiled one otherwise (see collectives/_compiled_exchange.py)."""
-    state = world().group.state
-    saved = state.pop("compiled exchange", None)
+    buffers = _buffers_of(world().group)
+    compiled = buffers.compiled
+    assert compiled is not None, "the compiled exchange is off"
     if on_this_rank:
-        state["compiled exchange"] = None
+        buffers.compiled = None
     try:
         yield
     finally:
-        state.pop("compiled exchange", None)
-        if saved is not None:
-            state["compiled exchange"] = saved
+        buffers.compiled = compiled
 
 
 def special_input(rank: int, dtype: np.dtype, op) -> np.ndarray:

@@ -5,6 +5,8 @@ called from compiled code, handles, which payloads it combines, and turning it o
 from __future__ import annotations
 
 import ctypes
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import numba
@@ -66,6 +68,32 @@ def test_turned_off_the_agreement_uses_the_python_exchange(monkeypatch):
     monkeypatch.setenv("RINGTRAIN_COMPILED_EXCHANGE", "0")
     assert compiled_exchange(_group_of_two(0), 16, 40) is None
     monkeypatch.setenv("RINGTRAIN_COMPILED_EXCHANGE", "1")
-    group = _group_of_two(1)
-    assert compiled_exchange(group, 16, 40) is not None
-    assert compiled_exchange(group, 16, 40) is group.state["compiled exchange"]
+    assert compiled_exchange(_group_of_two(1), 16, 40) is not None
+
+
+def test_every_specialization_compiles_to_the_disk_cache():
+    """numba warns, and compiles again at every start, when a function cannot be cached;
+    this also fills the cache before the multi-rank tests (it runs before them)."""
+    probe = """
+import warnings
+from types import SimpleNamespace
+import mpi4py
+mpi4py.rc.initialize = False
+import numpy as np
+from mpi4py import MPI
+from numba.core.errors import NumbaWarning
+warnings.simplefilter("error", NumbaWarning)
+from ringtrain.collectives._compiled_exchange import (HEADERS, PAYLOADS, compiled_exchange,
+                                                      payload_code)
+alone = SimpleNamespace(state={}, rank=0, size=1, comm=MPI.COMM_WORLD)
+exchange = compiled_exchange(alone, 16, 40)
+message, receive = np.zeros(104, np.uint8), np.zeros(1024, np.uint8)
+exchange.run(message, 40, receive, HEADERS)
+for dtype in (np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32, np.int64):
+    exchange.run(message, 104, receive, PAYLOADS, payload_code(np.dtype(dtype), np.add),
+                 message[40:].view(dtype), receive[40:104].view(dtype))
+print("cached")
+"""
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0 and result.stdout.strip() == "cached", result.stderr[-3000:]
