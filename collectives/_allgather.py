@@ -17,6 +17,7 @@ from ._executor import Handle
 from ._group import Group
 from ._memory import AWARE, HOST, HostMemory, goes_direct
 from ._placement import memory_for, staged
+from ._plan_cache import PlanCache
 from ._ops import COPY_DTYPES, check_dtype
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import auto_choice, requested
@@ -99,34 +100,60 @@ def gather_rows(group: Group, rows: Any, row_shape: tuple[int, ...], algorithm: 
     return output, counts
 
 
-def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
-             algorithm: str | None) -> Callable[[], Any]:
-    on_device = device_tensor(tensor, "allgather", name)
-    settings = current_settings()
-    if on_device is not None and not goes_direct(algorithm, settings.allgather_algorithm):
-        return staged(on_device, False,
-                      lambda array: _prepare(array, name, process_set, algorithm))
-    array = on_device if on_device is not None else input_array(tensor, "allgather", name)
-    check_dtype(array.dtype, COPY_DTYPES, "allgather", name)
-    group = resolve_group(process_set, "allgather", name)
-    row_shape = tuple(array.shape[1:])
-    if on_device is not None:
-        memory, chosen, layout, rows = memory_for(AWARE, on_device.device), "native", None, \
-            on_device.memory
-        call = Call(collective="allgather", name=name, dtype=array.dtype, algorithm="native",
-                    memory=AWARE, **{"shape[1:]": row_shape})
-    else:
-        memory, rows = HOST, array.reshape(1) if array.ndim == 0 else array
+class _AllgatherPlan:
+    """An allgather of arrays like the one given, validated and chosen once.
+
+    Attributes:
+        group, settings, layout: the call's, resolved (``layout`` None on device).
+        row_shape: the shape of one row.
+        chosen: the algorithm (``native`` for device memory handed to MPI; ``auto``
+            resolved once the ranks' row counts are known).
+        call: the signature the ranks compare.
+    """
+
+    def __init__(self, array: Any, name: str | None, process_set: ProcessSet | None,
+                 algorithm: str | None, on_device: bool):
+        check_dtype(array.dtype, COPY_DTYPES, "allgather", name)
+        self.settings = settings = current_settings()
+        self.group = group = resolve_group(process_set, "allgather", name)
+        self.row_shape = row_shape = tuple(array.shape[1:])
+        if on_device:
+            self.layout, self.chosen = None, "native"
+            self.call = Call(collective="allgather", name=name, dtype=array.dtype,
+                             algorithm="native", memory=AWARE, **{"shape[1:]": row_shape})
+            return
         chosen = requested("allgather", algorithm, settings, name)
-        layout = layout_of(group, settings)
+        self.layout = layout = layout_of(group, settings)
         row_bytes = array.dtype.itemsize * math.prod(row_shape)
         if chosen == "auto" and auto_choice("allgather", row_bytes * group.size, group.size,
                                             settings, layout) == "recursive_doubling":
             chosen = "recursive_doubling"  # decided on the row size, which all ranks share
+        self.chosen = chosen
         extra = {"layout": layout.describe(), "segment_bytes": settings.segment_bytes} \
             if chosen == "hierarchical" or chosen == "auto" and layout.pays_off else {}
-        call = Call(collective="allgather", name=name, dtype=array.dtype,
-                    algorithm=chosen, **{"shape[1:]": rows.shape[1:]}, **extra)
+        self.call = Call(collective="allgather", name=name, dtype=array.dtype,
+                         algorithm=chosen, **{"shape[1:]": row_shape}, **extra)
+
+
+_PLANS: PlanCache[_AllgatherPlan] = PlanCache()
+
+
+def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
+             algorithm: str | None) -> Callable[[], Any]:
+    on_device = device_tensor(tensor, "allgather", name)
+    if on_device is not None and not goes_direct(algorithm,
+                                                 current_settings().allgather_algorithm):
+        return staged(on_device, False,
+                      lambda array: _prepare(array, name, process_set, algorithm))
+    array = on_device if on_device is not None else input_array(tensor, "allgather", name)
+    key = (on_device is not None, array.shape, array.dtype, name, process_set, algorithm)
+    plan = _PLANS.get(key, process_set, "allgather", name) or _PLANS.keep(key, _AllgatherPlan(
+        array, name, process_set, algorithm, on_device is not None))
+    group, call, chosen, row_shape = plan.group, plan.call, plan.chosen, plan.row_shape
+    if on_device is not None:
+        memory, rows = memory_for(AWARE, on_device.device), on_device.memory
+    else:
+        memory, rows = HOST, array.reshape(1) if array.ndim == 0 else array
 
     if chosen == "recursive_doubling":
         return lambda: _carried(group, call, rows, row_shape)
@@ -134,8 +161,9 @@ def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
     def run() -> Any:
         with memory.entered(*([] if on_device is None else [on_device])):
             agree(group, call)
-            return gather_rows(group, rows, row_shape, chosen, layout, settings.segment_bytes,
-                               memory, on_device, settings)[0]
+            return gather_rows(group, rows, row_shape, chosen, plan.layout,
+                               plan.settings.segment_bytes, memory, on_device,
+                               plan.settings)[0]
 
     return run
 

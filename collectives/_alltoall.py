@@ -17,6 +17,7 @@ from ._executor import Handle
 from ._group import Group
 from ._memory import AWARE, HOST, goes_direct
 from ._placement import memory_for, staged
+from ._plan_cache import PlanCache
 from ._ops import COPY_DTYPES, check_dtype
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import auto_choice, requested
@@ -55,50 +56,81 @@ def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None
                            asynchronous=True, restore=results_like(tensor))
 
 
+class _AlltoallPlan:
+    """An alltoall of arrays like the one given, validated and chosen once (the splits,
+    which may change from call to call, are checked at every call).
+
+    Attributes:
+        group, settings: the call's, resolved.
+        chosen: the algorithm (``native`` for device memory handed to MPI; ``auto``
+            resolved once the ranks' splits are known).
+        call: the signature the ranks compare.
+        row_bytes: the bytes of one row.
+        small: whether the whole send buffer rides in the agreement (``recursive_doubling``
+            only).
+    """
+
+    def __init__(self, array: Any, name: str | None, process_set: ProcessSet | None,
+                 algorithm: str | None, on_device: bool):
+        check_dtype(array.dtype, COPY_DTYPES, "alltoall", name)
+        check_splittable(array.shape, "alltoall", name)
+        self.settings = settings = current_settings()
+        self.group = group = resolve_group(process_set, "alltoall", name)
+        row_shape = tuple(array.shape[1:])
+        self.row_bytes = row_bytes = array.dtype.itemsize * math.prod(row_shape)
+        self.small = False
+        if on_device:
+            self.chosen = "native"
+            self.call = Call(collective="alltoall", name=name, dtype=array.dtype,
+                             algorithm="native", memory=AWARE, **{"shape[1:]": row_shape})
+            return
+        chosen = requested("alltoall", algorithm, settings, name)
+        if chosen == "auto" and auto_choice("alltoall", row_bytes * group.size, group.size,
+                                            settings) == "recursive_doubling":
+            chosen = "recursive_doubling"  # decided on a row to each rank: all ranks agree
+        self.chosen = chosen
+        self.call = Call(collective="alltoall", name=name, dtype=array.dtype,
+                         algorithm=chosen, **{"shape[1:]": row_shape})
+        self.small = chosen == "recursive_doubling" and auto_choice(
+            "alltoall", array.nbytes, group.size, settings) == "recursive_doubling"
+
+
+_PLANS: PlanCache[_AlltoallPlan] = PlanCache()
+
+
 def _prepare(tensor: Any, splits: Any, name: str | None, process_set: ProcessSet | None,
              algorithm: str | None) -> Callable[[], tuple[Any, np.ndarray]]:
     on_device = device_tensor(tensor, "alltoall", name)
-    settings = current_settings()
-    if on_device is not None and not goes_direct(algorithm, settings.alltoall_algorithm):
+    if on_device is not None and not goes_direct(algorithm,
+                                                 current_settings().alltoall_algorithm):
         return staged(on_device, False,
                       lambda array: _prepare(array, splits, name, process_set, algorithm))
     array = on_device if on_device is not None else input_array(tensor, "alltoall", name)
-    check_dtype(array.dtype, COPY_DTYPES, "alltoall", name)
-    check_splittable(array.shape, "alltoall", name)
-    group = resolve_group(process_set, "alltoall", name)
+    key = (on_device is not None, array.shape, array.dtype, name, process_set, algorithm)
+    plan = _PLANS.get(key, process_set, "alltoall", name) or _PLANS.keep(key, _AlltoallPlan(
+        array, name, process_set, algorithm, on_device is not None))
+    group, chosen = plan.group, plan.chosen
     send_splits = check_splits(splits, array.shape[0], group.size, name)
-    row_shape = tuple(array.shape[1:])
     if on_device is not None:
-        memory, chosen, send = memory_for(AWARE, on_device.device), "native", on_device.memory
-        call = Call(collective="alltoall", name=name, dtype=array.dtype, algorithm="native",
-                    memory=AWARE, **{"shape[1:]": row_shape})
+        memory, send = memory_for(AWARE, on_device.device), on_device.memory
     else:
         memory, send = HOST, flat(array).view(np.uint8)
-        chosen = requested("alltoall", algorithm, settings, name)
-        if chosen == "auto" and auto_choice(
-                "alltoall", array.dtype.itemsize * math.prod(row_shape) * group.size,
-                group.size, settings) == "recursive_doubling":
-            chosen = "recursive_doubling"  # decided on a row to each rank: all ranks agree
-        call = Call(collective="alltoall", name=name, dtype=array.dtype, algorithm=chosen,
-                    **{"shape[1:]": array.shape[1:]})
-    row_bytes = array.dtype.itemsize * math.prod(row_shape)
     if chosen == "recursive_doubling":
-        return lambda: _carried(group, call, send, send_splits, row_bytes, array, settings)
+        return lambda: _carried(plan, send, send_splits, array)
 
     def run() -> tuple[Any, np.ndarray]:
         with memory.entered(*([] if on_device is None else [on_device])):
-            agree(group, call)
-            received_splits, algorithm = _exchange_splits(group, send_splits, row_bytes,
-                                                          chosen, settings)
+            agree(group, plan.call)
+            received_splits, algorithm = _exchange_splits(group, send_splits, plan.row_bytes,
+                                                          chosen, plan.settings)
             return _move(group, send, send_splits, received_splits, algorithm, memory,
                          array), received_splits
 
     return run
 
 
-def _carried(group: Group, call: Call, send: np.ndarray, send_splits: np.ndarray,
-             row_bytes: int, array: np.ndarray,
-             settings: Settings) -> tuple[np.ndarray, np.ndarray]:
+def _carried(plan: _AlltoallPlan, send: np.ndarray, send_splits: np.ndarray,
+             array: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A small alltoall in the agreement's own messages.
 
     Every rank's splits (the matrix), and its whole send buffer when it is small enough
@@ -108,9 +140,10 @@ def _carried(group: Group, call: Call, send: np.ndarray, send_splits: np.ndarray
     rows as ``auto`` chooses for their mean size (the payloads, of different lengths,
     are not used).
     """
+    group, row_bytes = plan.group, plan.row_bytes
     size, rank, mine = group.size, group.rank, send.nbytes
-    small = auto_choice("alltoall", mine, size, settings) == "recursive_doubling"
-    matrix, slots = agree_gathering(group, call, send_splits, send if small else None)
+    matrix, slots = agree_gathering(group, plan.call, send_splits,
+                                    send if plan.small else None)
     received_splits = matrix[:, rank].copy()
     rows = matrix.tolist()
     if slots is not None and all(sum(row) * row_bytes == mine for row in rows):
@@ -124,7 +157,7 @@ def _carried(group: Group, call: Call, send: np.ndarray, send_splits: np.ndarray
             written += length
         return output, received_splits
     nbytes = int(matrix.sum()) * row_bytes // size
-    algorithm = auto_choice("alltoall", nbytes, size, settings)
+    algorithm = auto_choice("alltoall", nbytes, size, plan.settings)
     return _move(group, send, send_splits, received_splits, algorithm, HOST, array), \
         received_splits
 

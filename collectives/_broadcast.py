@@ -16,6 +16,7 @@ from ._executor import Handle
 from ._group import Group
 from ._memory import AWARE, HOST, HostMemory, goes_direct
 from ._placement import memory_for, staged
+from ._plan_cache import PlanCache
 from ._ops import COPY_DTYPES, check_dtype
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import broadcast_algorithm
@@ -101,39 +102,67 @@ def broadcast_bytes(group: Group, data: Any, root: int, algorithm: str,
                           **memory.phase_args)
 
 
+class _BroadcastPlan:
+    """A broadcast of arrays like the one given, validated and chosen once.
+
+    Attributes:
+        group, settings, layout: the call's, resolved (``layout`` None on device).
+        root: the root's rank in ``group``.
+        chosen: the algorithm (``native`` for device memory handed to MPI).
+        inner: the schedule of a hierarchical broadcast, between and inside the nodes.
+        call: the signature the ranks compare.
+    """
+
+    def __init__(self, array: Any, root_rank: Any, name: str | None,
+                 process_set: ProcessSet | None, algorithm: str | None, collective: str,
+                 on_device: bool):
+        check_dtype(array.dtype, COPY_DTYPES, collective, name)
+        self.settings = settings = current_settings()
+        self.group = group = resolve_group(process_set, collective, name)
+        self.root = root_in_group(group, root_rank, collective, name)
+        if on_device:
+            self.layout, self.chosen, self.inner = None, "native", ""
+            self.call = Call(collective="broadcast", name=name, root_rank=int(root_rank),
+                             dtype=array.dtype, shape=array.shape, algorithm="native",
+                             memory=AWARE)
+            return
+        self.layout = layout = layout_of(group, settings)
+        self.chosen = chosen = broadcast_algorithm(algorithm, array.nbytes, group.size,
+                                                   settings, name, layout)
+        self.inner = "pipeline" if array.nbytes >= settings.broadcast_pipeline_min_bytes \
+            else "binomial"
+        hierarchical = chosen == "hierarchical"
+        self.call = Call(collective="broadcast", name=name, root_rank=int(root_rank),
+                         dtype=array.dtype, shape=array.shape, algorithm=chosen,
+                         segment_bytes=settings.segment_bytes
+                         if chosen == "pipeline" or hierarchical else None,
+                         **({"layout": layout.describe(), "schedule": self.inner}
+                            if hierarchical else {}))
+
+
+_PLANS: PlanCache[_BroadcastPlan] = PlanCache()
+
+
 def _prepare(tensor: Any, root_rank: Any, name: str | None, process_set: ProcessSet | None,
              algorithm: str | None, in_place: bool) -> Callable[[], Any]:
     collective = "broadcast_" if in_place else "broadcast"
     on_device = device_tensor(tensor, collective, name, in_place)
-    settings = current_settings()
-    if on_device is not None and not goes_direct(algorithm, settings.broadcast_algorithm):
+    if on_device is not None and not goes_direct(algorithm,
+                                                 current_settings().broadcast_algorithm):
         return staged(on_device, in_place, lambda array: _prepare(
             array, root_rank, name, process_set, algorithm, in_place))
     array = on_device if on_device is not None else \
         (in_place_array if in_place else input_array)(tensor, collective, name)
-    check_dtype(array.dtype, COPY_DTYPES, collective, name)
-    group = resolve_group(process_set, collective, name)
-    root = root_in_group(group, root_rank, collective, name)
+    key = (collective, on_device is not None, array.shape, array.dtype, type(root_rank),
+           root_rank, name, process_set, algorithm)
+    plan = _PLANS.get(key, process_set, collective, name) or _PLANS.keep(key, _BroadcastPlan(
+        array, root_rank, name, process_set, algorithm, collective, on_device is not None))
+    group, root, call, chosen = plan.group, plan.root, plan.call, plan.chosen
     if on_device is not None:
-        memory, chosen, layout, inner = memory_for(AWARE, on_device.device), "native", None, ""
-        call = Call(collective="broadcast", name=name, root_rank=int(root_rank),
-                    dtype=array.dtype, shape=array.shape, algorithm="native", memory=AWARE)
+        memory = memory_for(AWARE, on_device.device)
         source, owner = on_device.memory, on_device.owner
     else:
-        layout = layout_of(group, settings)
-        memory = HOST
-        chosen = broadcast_algorithm(algorithm, array.nbytes, group.size, settings, name,
-                                     layout)
-        inner = "pipeline" if array.nbytes >= settings.broadcast_pipeline_min_bytes \
-            else "binomial"
-        hierarchical = chosen == "hierarchical"
-        call = Call(collective="broadcast", name=name, root_rank=int(root_rank),
-                    dtype=array.dtype, shape=array.shape, algorithm=chosen,
-                    segment_bytes=settings.segment_bytes
-                    if chosen == "pipeline" or hierarchical else None,
-                    **({"layout": layout.describe(), "schedule": inner}
-                       if hierarchical else {}))
-        source, owner = array, array
+        memory, source, owner = HOST, array, array
 
     if chosen == "recursive_doubling" and array.nbytes <= PAYLOAD_CAPACITY:
         return lambda: _carried(group, call, array, root, in_place)
@@ -149,7 +178,8 @@ def _prepare(tensor: Any, root_rank: Any, name: str | None, process_set: Process
                 if group.rank == root:
                     memory.copy(source, output)
             broadcast_bytes(group, work.view(np.uint8) if memory is HOST else work, root,
-                            chosen, settings.segment_bytes, layout, inner, memory)
+                            chosen, plan.settings.segment_bytes, plan.layout, plan.inner,
+                            memory)
             if in_place and memory is HOST and not array.flags.c_contiguous:
                 array[...] = work.reshape(array.shape)
             return output

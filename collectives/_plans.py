@@ -16,6 +16,7 @@ from ._checks import active_compressor, check_compression, check_reduction
 from ._data_phase import Finisher, finisher
 from ._memory import AWARE, IPC, MPI_CANNOT_REDUCE, STAGED, goes_direct
 from ._ops import ReduceOp, resolve_op
+from ._plan_cache import PlanCache
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import (ADASUM, adasum_algorithm, allreduce_algorithm,
                          device_allreduce_algorithm)
@@ -108,8 +109,7 @@ class AllreducePlan:
             self.algorithm == "recursive_doubling" and array.nbytes <= PAYLOAD_CAPACITY
 
 
-_plans: dict[tuple, AllreducePlan] = {}
-_PLANS_KEPT = 1024
+_PLANS: PlanCache[AllreducePlan] = PlanCache()
 
 
 def allreduce_plan(array: Any, op: Any, name: str | None, prescale_factor: float,
@@ -125,22 +125,11 @@ def allreduce_plan(array: Any, op: Any, name: str | None, prescale_factor: float
     the algorithm chosen for host copies; the signature's ``memory`` field says which.
     Raises what :func:`ringtrain.allreduce` raises before any communication.
     """
-    try:
-        key = (collective, array.shape, array.dtype, op, name, prescale_factor,
-               postscale_factor, process_set, algorithm, id(compression), on_device)
-        plan = _plans.get(key)
-    except TypeError:  # an unhashable argument: validation will say what is wrong
-        key, plan = None, None
-    if plan is not None and plan.settings is current_settings() and \
-            plan.group is resolve_group(process_set, collective, name):
-        return plan
-    plan = AllreducePlan(array, op, name, prescale_factor, postscale_factor, process_set,
-                         algorithm, compression, collective, on_device)
-    if key is not None:
-        if len(_plans) >= _PLANS_KEPT:
-            _plans.clear()
-        _plans[key] = plan
-    return plan
+    key = (collective, array.shape, array.dtype, op, name, prescale_factor, postscale_factor,
+           process_set, algorithm, id(compression), on_device)
+    return _PLANS.get(key, process_set, collective, name) or _PLANS.keep(key, AllreducePlan(
+        array, op, name, prescale_factor, postscale_factor, process_set, algorithm,
+        compression, collective, on_device))
 
 
 class GroupedCall:

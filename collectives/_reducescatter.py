@@ -21,6 +21,7 @@ from ._data_phase import Finisher, finisher
 from ._executor import Handle
 from ._memory import AWARE, HOST, goes_direct
 from ._placement import memory_for, staged
+from ._plan_cache import PlanCache
 from ._ops import ReduceOp, resolve_op
 from ._process_sets import ProcessSet, resolve_group
 from ._result_pool import RESULTS
@@ -70,122 +71,157 @@ def reducescatter_async(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
                            asynchronous=True, restore=results_like(tensor))
 
 
+class _ReducescatterPlan:
+    """A reduce-scatter of arrays like the one given, validated and chosen once.
+
+    Attributes:
+        group, settings, op: the call's, resolved.
+        compressor: the compressor of the wire (host float32 arrays), or None.
+        chosen: the algorithm (``native`` for device memory handed to MPI; ``ring``
+            when compressed).
+        call: the signature the ranks compare.
+        rows: the first row of each rank's share, and the number of rows at the end.
+        bounds, counts: each rank's share in elements of the flat array.
+        share_shape: this rank's share's shape.
+        combine: reduces two ranks' values (in the wire format when compressed).
+        finish: turns the sum into the result (None when nothing is to do, or when
+            compressed: the decoding finishes).
+    """
+
+    def __init__(self, array: Any, op: Any, name: str | None, prescale_factor: float,
+                 postscale_factor: float, process_set: ProcessSet | None,
+                 algorithm: str | None, compression: Any, on_device: bool):
+        compression = check_compression(compression, "reducescatter", name)
+        self.op = op = resolve_op(op, "reducescatter", name)
+        if op is ReduceOp.Adasum:
+            raise InvalidArgumentError(
+                f"{subject('reducescatter', name)}: op Adasum combines whole vectors; it is "
+                f"an allreduce (and grouped allreduce) op only")
+        check_reduction(array, op, name, prescale_factor, postscale_factor, "reducescatter")
+        check_splittable(array.shape, "reducescatter", name)
+        self.settings = settings = current_settings()
+        self.group = group = resolve_group(process_set, "reducescatter", name)
+        self.compressor = compressor = active_compressor(compression, array.dtype, op,
+                                                         "reducescatter", name)
+        row = int(np.prod(array.shape[1:], dtype=np.int64))
+        self.rows = rows = _ring.chunk_bounds(array.shape[0], group.size)
+        self.bounds = bounds = [r * row for r in rows]
+        self.counts = [bounds[r + 1] - bounds[r] for r in range(group.size)]
+        self.share_shape = (rows[group.rank + 1] - rows[group.rank], *array.shape[1:])
+        if compressor is not None:
+            self.chosen = "ring"
+            self.call = Call(collective="reducescatter", name=name, op=op.name,
+                             dtype=array.dtype, shape=array.shape, algorithm="ring",
+                             segment_bytes=settings.segment_bytes,
+                             compression=compressor.name)
+            self.combine = reducer(op.value, compressor.wire_dtype, compressor.encoding)
+            self.finish: Finisher | None = None
+            return
+        if on_device:
+            self.chosen = "native"
+            self.call = Call(collective="reducescatter", name=name, op=op.name,
+                             dtype=array.dtype, shape=array.shape, algorithm="native",
+                             memory=AWARE, compression=compression.name)
+        else:
+            self.chosen = chosen = reducescatter_algorithm(algorithm, array.nbytes, group.size,
+                                                           settings, name)
+            self.call = Call(collective="reducescatter", name=name, op=op.name,
+                             dtype=array.dtype, shape=array.shape, algorithm=chosen,
+                             segment_bytes=settings.segment_bytes if chosen == "ring"
+                             else None, compression=compression.name)
+        self.combine = reducer(op.value, array.dtype)
+        self.finish = finisher(group.size if op is ReduceOp.Average else 1, postscale_factor,
+                               array.dtype)
+
+
+_PLANS: PlanCache[_ReducescatterPlan] = PlanCache()
+
+
 def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
              postscale_factor: float, process_set: ProcessSet | None,
              algorithm: str | None, compression: Any) -> Callable[[], Any]:
-    compression = check_compression(compression, "reducescatter", name)
     on_device = device_tensor(tensor, "reducescatter", name)
-    settings = current_settings()
-    if on_device is not None and (compression.applies_to(on_device.dtype) or not goes_direct(
-            algorithm, settings.reducescatter_algorithm, on_device.dtype)):
+    if on_device is not None and (
+            check_compression(compression, "reducescatter", name).applies_to(on_device.dtype)
+            or not goes_direct(algorithm, current_settings().reducescatter_algorithm,
+                               on_device.dtype)):
         return staged(on_device, False, lambda array: _prepare(
             array, op, name, prescale_factor, postscale_factor, process_set, algorithm,
             compression))
     array = on_device if on_device is not None else \
         input_array(tensor, "reducescatter", name)
-    op = resolve_op(op, "reducescatter", name)
-    if op is ReduceOp.Adasum:
-        raise InvalidArgumentError(
-            f"{subject('reducescatter', name)}: op Adasum combines whole vectors; it is an "
-            f"allreduce (and grouped allreduce) op only")
-    check_reduction(array, op, name, prescale_factor, postscale_factor, "reducescatter")
-    check_splittable(array.shape, "reducescatter", name)
-    group = resolve_group(process_set, "reducescatter", name)
-    compressor = active_compressor(compression, array.dtype, op, "reducescatter", name)
-    if compressor is not None:
-        return _compressed(array, op, name, prescale_factor, postscale_factor, group,
-                           compressor, settings.segment_bytes)
+    key = (on_device is not None, array.shape, array.dtype, op, name, prescale_factor,
+           postscale_factor, process_set, algorithm, id(compression))
+    plan = _PLANS.get(key, process_set, "reducescatter", name) or _PLANS.keep(
+        key, _ReducescatterPlan(array, op, name, prescale_factor, postscale_factor,
+                                process_set, algorithm, compression, on_device is not None))
+    if plan.compressor is not None:
+        flat_array = flat(array)
+        return lambda: _compressed(plan, flat_array, name, prescale_factor, postscale_factor)
+    group, chosen, segment_bytes = plan.group, plan.chosen, plan.settings.segment_bytes
     if on_device is not None:
-        memory, chosen, source = memory_for(AWARE, on_device.device), "native", \
-            on_device.memory
-        call = Call(collective="reducescatter", name=name, op=op.name, dtype=array.dtype,
-                    shape=array.shape, algorithm="native", memory=AWARE,
-                    compression=compression.name)
+        memory, source = memory_for(AWARE, on_device.device), on_device.memory
     else:
         memory, source = HOST, flat(array)
-        chosen = reducescatter_algorithm(algorithm, array.nbytes, group.size, settings, name)
-        call = Call(collective="reducescatter", name=name, op=op.name, dtype=array.dtype,
-                    shape=array.shape, algorithm=chosen,
-                    segment_bytes=settings.segment_bytes if chosen == "ring" else None,
-                    compression=compression.name)
-    row = int(np.prod(array.shape[1:], dtype=np.int64))
-    rows = _ring.chunk_bounds(array.shape[0], group.size)
-    bounds = [r * row for r in rows]
-    counts = [bounds[r + 1] - bounds[r] for r in range(group.size)]
-    finish = finisher(group.size if op is ReduceOp.Average else 1, postscale_factor,
-                      array.dtype)
-    combine = reducer(op.value, array.dtype)
-    nbytes = array.size * array.dtype.itemsize
     if chosen == "recursive_doubling":
-        share = (rows[group.rank + 1] - rows[group.rank], *array.shape[1:])
-        return lambda: _by_recursive_doubling(group, call, source, prescale_factor, combine,
-                                              finish, bounds[group.rank], share,
-                                              settings.segment_bytes)
+        return lambda: _by_recursive_doubling(group, plan.call, source, prescale_factor,
+                                              plan.combine, plan.finish,
+                                              plan.bounds[group.rank], plan.share_shape,
+                                              segment_bytes)
 
     def run() -> Any:
         with memory.entered(*([] if on_device is None else [on_device])):
-            agree(group, call)
+            agree(group, plan.call)
             start = source
             if prescale_factor != 1.0:
                 start = memory.scaled(source, prescale_factor,
                                       memory.scratch("prescaled", array.size, array.dtype))
-            output = memory.new(array, (rows[group.rank + 1] - rows[group.rank],
-                                        *array.shape[1:]))
+            output = memory.new(array, plan.share_shape)
             result = output.reshape(-1) if memory is HOST else output
             if chosen == "ring" and group.size > 1:
                 _ring.reduce_scatter(group, memory.for_mpi(start), memory.for_mpi(result),
-                                     bounds, combine, finish, settings.segment_bytes)
+                                     plan.bounds, plan.combine, plan.finish, segment_bytes)
                 return output
             if group.size == 1:
                 memory.copy(start, result)
-            elif nbytes:
+            elif array.size:
                 _native.reducescatter(group, memory.for_mpi(start), memory.for_mpi(result),
-                                      counts, op, nbytes, encoding_of(array.dtype),
-                                      **memory.phase_args)
-            memory.finish(output, finish)
+                                      plan.counts, plan.op,
+                                      array.size * array.dtype.itemsize,
+                                      encoding_of(array.dtype), **memory.phase_args)
+            memory.finish(output, plan.finish)
             return output
 
     return run
 
 
-def _compressed(array: np.ndarray, op: ReduceOp, name: str | None, prescale_factor: float,
-                postscale_factor: float, group: Any, compressor: Compressor,
-                segment_bytes: int) -> Callable[[], Any]:
-    """A reduce-scatter of host float32 ``array`` through a 16-bit wire, by the ring: the
-    steps of a compressed allreduce (encode with the scale agreed over all ranks, reduce
-    the wire, decode with the postscale and 1/N fused), on this rank's share only."""
-    call = Call(collective="reducescatter", name=name, op=op.name, dtype=array.dtype,
-                shape=array.shape, algorithm="ring",
-                segment_bytes=segment_bytes, compression=compressor.name)
-    row = int(np.prod(array.shape[1:], dtype=np.int64))
-    rows = _ring.chunk_bounds(array.shape[0], group.size)
-    bounds = [r * row for r in rows]
-    combine = reducer(op.value, compressor.wire_dtype, compressor.encoding)
-    source = flat(array)
-
-    def run() -> np.ndarray:
-        local_max, nonfinite = abs_max(source) if compressor.needs_range else (0.0, False)
-        value_range = agree(group, call,
-                            local_range=(local_max * abs(prescale_factor), nonfinite))
-        if nonfinite:
-            warn_nonfinite(group, value_range, compressor, "reducescatter", name)
-        scale = compressor.scale_for(value_range.abs_max, group.size) \
-            if compressor.needs_range else 1.0
-        divisor = group.size if op is ReduceOp.Average else 1
-        wire = HOST.scratch("wire", source.size, compressor.wire_dtype)
-        compressor.encode(source, wire, scale * prescale_factor, key=name)
-        own = bounds[group.rank + 1] - bounds[group.rank]
-        reduced = HOST.scratch("wire share", own, compressor.wire_dtype)
-        if group.size > 1:
-            _ring.reduce_scatter(group, wire, reduced, bounds, combine, None, segment_bytes)
-        else:
-            reduced[:] = wire
-        output = RESULTS.empty((rows[group.rank + 1] - rows[group.rank], *array.shape[1:]),
-                               array.dtype)
-        compressor.decode(reduced, output.reshape(-1), postscale_factor / (scale * divisor))
-        return output
-
-    return run
+def _compressed(plan: _ReducescatterPlan, source: np.ndarray, name: str | None,
+                prescale_factor: float, postscale_factor: float) -> np.ndarray:
+    """A reduce-scatter of host float32 ``source`` (flat) through a 16-bit wire, by the
+    ring: the steps of a compressed allreduce (encode with the scale agreed over all
+    ranks, reduce the wire, decode with the postscale and 1/N fused), on this rank's
+    share only."""
+    group, compressor, bounds = plan.group, plan.compressor, plan.bounds
+    local_max, nonfinite = abs_max(source) if compressor.needs_range else (0.0, False)
+    value_range = agree(group, plan.call,
+                        local_range=(local_max * abs(prescale_factor), nonfinite))
+    if nonfinite:
+        warn_nonfinite(group, value_range, compressor, "reducescatter", name)
+    scale = compressor.scale_for(value_range.abs_max, group.size) \
+        if compressor.needs_range else 1.0
+    divisor = group.size if plan.op is ReduceOp.Average else 1
+    wire = HOST.scratch("wire", source.size, compressor.wire_dtype)
+    compressor.encode(source, wire, scale * prescale_factor, key=name)
+    own = bounds[group.rank + 1] - bounds[group.rank]
+    reduced = HOST.scratch("wire share", own, compressor.wire_dtype)
+    if group.size > 1:
+        _ring.reduce_scatter(group, wire, reduced, bounds, plan.combine, None,
+                             plan.settings.segment_bytes)
+    else:
+        reduced[:] = wire
+    output = RESULTS.empty(plan.share_shape, source.dtype)
+    compressor.decode(reduced, output.reshape(-1), postscale_factor / (scale * divisor))
+    return output
 
 
 def _by_recursive_doubling(group: Group, call: Call, source: np.ndarray,

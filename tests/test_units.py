@@ -9,8 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from ringtrain.collectives import _ring
+from ringtrain.collectives import _plan_cache, _ring
 from ringtrain.collectives._executor import Executor, Handle
+from ringtrain.collectives._plan_cache import PlanCache
 from ringtrain.collectives.errors import RingtrainError
 
 # --------------------------------------------------------------------------- chunk_bounds
@@ -252,3 +253,52 @@ def test_a_waiting_call_runs_out_of_turn_when_asked(executor):
     assert ran == ["c", "a", "b"]
     with pytest.raises(LookupError):
         executor.run_waiting(("missing", None))
+
+
+# --------------------------------------------------------------------------- plan cache
+
+class _Plan:
+    def __init__(self, group, settings):
+        self.group, self.settings = group, settings
+
+
+@pytest.fixture
+def plan_world(monkeypatch):
+    """The settings and the group a plan cache compares its plans with, swappable."""
+    world = {"settings": object(), "group": object()}
+    monkeypatch.setattr(_plan_cache, "current_settings", lambda: world["settings"])
+    monkeypatch.setattr(_plan_cache, "resolve_group", lambda *_: world["group"])
+    return world
+
+
+def _plan_of(world):
+    return _Plan(world["group"], world["settings"])
+
+
+def test_a_kept_plan_is_reused_until_the_settings_or_the_group_change(plan_world):
+    cache = PlanCache()
+    plan = cache.keep(("allreduce", (3,)), _plan_of(plan_world))
+    assert cache.get(("allreduce", (3,)), None, "allreduce", None) is plan
+    assert cache.get(("allreduce", (4,)), None, "allreduce", None) is None
+    plan_world["settings"] = object()
+    assert cache.get(("allreduce", (3,)), None, "allreduce", None) is None
+    plan = cache.keep(("allreduce", (3,)), _plan_of(plan_world))
+    plan_world["group"] = object()
+    assert cache.get(("allreduce", (3,)), None, "allreduce", None) is None
+
+
+def test_unhashable_arguments_are_never_kept(plan_world):
+    cache = PlanCache()
+    key = ("broadcast", [0])
+    assert cache.get(key, None, "broadcast", None) is None
+    plan = _plan_of(plan_world)
+    assert cache.keep(key, plan) is plan
+    assert len(cache) == 0
+
+
+def test_the_cache_is_bounded(plan_world):
+    cache = PlanCache(limit=3)
+    for shape in range(10):
+        cache.keep(shape, _plan_of(plan_world))
+        assert len(cache) <= 3
+    assert cache.get(9, None, "allreduce", None) is not None
