@@ -411,7 +411,6 @@ def _exchange_headers(group: Group, buffers: _Buffers, every_step: bool) -> None
                                      else buffers.combine_differing)
 
 
-
 def _resolve_mismatch(group: Group, call: Call, waited: float) -> None:
     """Raise the error this rank's call gets, or return when it must be exchanged again
     (after running, out of turn, the waiting call the ranks chose to run first)."""
