@@ -110,8 +110,14 @@ def _shown(output: str) -> str:
            f"{output[-half:]}"
 
 
+ABORTED = (1, 9)
+"""mpiexec's exit status after a rank called ``MPI_Abort(comm, 1)``: 1, or 9 when it
+reports a rank it killed (SIGKILL) before the aborting rank had exited."""
+
+
 def run_mpi(program: str, nprocs: int, *args: str, timeout: float = DEFAULT_TIMEOUT,
-            env: Mapping[str, str] | None = None, expected_status: int = 0) -> str:
+            env: Mapping[str, str] | None = None,
+            expected_status: int | tuple[int, ...] = 0) -> str:
     """Run ``tests/mpi/<program>.py`` on ``nprocs`` ranks; return its output.
 
     Args:
@@ -120,7 +126,7 @@ def run_mpi(program: str, nprocs: int, *args: str, timeout: float = DEFAULT_TIME
         *args: arguments for the program.
         timeout: seconds before the whole job is killed and the test fails.
         env: extra environment variables.
-        expected_status: the exit status that counts as success.
+        expected_status: the exit status that counts as success (or any of several).
 
     Returns:
         The combined stdout and stderr, when the program exited with ``expected_status``.
@@ -153,7 +159,8 @@ def run_mpi(program: str, nprocs: int, *args: str, timeout: float = DEFAULT_TIME
                     f"----- output so far (with the stacks the ranks dumped) -----\n"
                     f"{_shown(text)}", pytrace=False)
     text = output.decode(errors="replace")
-    if process.returncode != expected_status:
+    statuses = expected_status if isinstance(expected_status, tuple) else (expected_status,)
+    if process.returncode not in statuses:
         failed = [line for line in text.splitlines()
                   if " FAIL " in line or "HANG" in line or "ABORT" in line]
         summary = "\n".join(failed[:40])

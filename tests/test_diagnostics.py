@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from mpi_launch import run_mpi
+from mpi_launch import ABORTED, run_mpi
 
 STALL = {"RINGTRAIN_STALL_CHECK_SECONDS": "1"}
 
@@ -46,7 +46,8 @@ def test_a_rank_waiting_elsewhere_is_told_apart_from_one_that_never_came():
 
 def test_the_stall_shutdown_ends_the_job_with_the_reason():
     started = time.monotonic()
-    output = run_mpi("diagnostics_stall", 2, "late", "60", timeout=60, expected_status=1,
+    output = run_mpi("diagnostics_stall", 2, "late", "60", timeout=60,
+                     expected_status=ABORTED,
                      env={**STALL, "RINGTRAIN_STALL_SHUTDOWN_SECONDS": "3"})
     assert re.search(r"r0 \| ERROR \| allreduce of tensor 'w' .* has waited \d+ s for rank 1, "
                      r"which has not called it .*; aborting the job "
