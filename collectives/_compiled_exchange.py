@@ -20,6 +20,7 @@ combinations (16-bit floats) take the Python exchange.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numba
@@ -173,21 +174,18 @@ class CompiledExchange:
             raise MPI.Exception(error)
 
 
-_functions: MpiFunctions | None = None
-_reason = ""
-
-
 def compiled_exchange(group: Group, signature_bytes: int,
                       header_bytes: int) -> CompiledExchange | None:
     """The compiled exchange of ``group``, or None where it is off or cannot run (then
     said once, at DEBUG level)."""
-    global _functions, _reason
-    if not COMPILED_EXCHANGE.read():
-        return None
-    if _functions is None and not _reason:
-        _functions, _reason = load_mpi_functions()
-        if _functions is None:
-            LOGGER.debug("the agreement's exchange runs in Python: %s", _reason)
-    if _functions is None:
-        return None
-    return CompiledExchange(group, _functions, signature_bytes, header_bytes)
+    functions = _mpi_functions() if COMPILED_EXCHANGE.read() else None
+    return None if functions is None else \
+        CompiledExchange(group, functions, signature_bytes, header_bytes)
+
+
+@functools.cache
+def _mpi_functions() -> MpiFunctions | None:
+    functions, reason = load_mpi_functions()
+    if functions is None:
+        LOGGER.debug("the agreement's exchange runs in Python: %s", reason)
+    return functions
