@@ -20,18 +20,15 @@ combinations (16-bit floats) take the Python exchange.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import numba
 import numpy as np
 from mpi4py import MPI
 
-from ..variables import COMPILED_EXCHANGE
 from ._group import Group
-from ._native_calls import MpiFunctions, call_c, load_mpi_functions
+from ._native_calls import MpiFunctions, call_c, mpi_functions
 from ._recursive_doubling import TAG, schedule_of
-from .logs import LOGGER
 
 HEADERS_IF_DIFFERENT = 0
 """Combine the headers (elementwise max of int64 words) when the signatures differ."""
@@ -176,16 +173,8 @@ class CompiledExchange:
 
 def compiled_exchange(group: Group, signature_bytes: int,
                       header_bytes: int) -> CompiledExchange | None:
-    """The compiled exchange of ``group``, or None where it is off or cannot run (then
-    said once, at DEBUG level)."""
-    functions = _mpi_functions() if COMPILED_EXCHANGE.read() else None
+    """The compiled exchange of ``group``, or None where it is off or cannot run
+    (:func:`._native_calls.mpi_functions`)."""
+    functions = mpi_functions()
     return None if functions is None else \
         CompiledExchange(group, functions, signature_bytes, header_bytes)
-
-
-@functools.cache
-def _mpi_functions() -> MpiFunctions | None:
-    functions, reason = load_mpi_functions()
-    if functions is None:
-        LOGGER.debug("the agreement's exchange runs in Python: %s", reason)
-    return functions

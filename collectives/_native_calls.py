@@ -1,6 +1,7 @@
 """MPI functions called from Numba-compiled code.
 
-Compiled code (:mod:`._compiled_exchange`) calls the MPI library mpi4py loaded, found
+Compiled code (:mod:`._compiled_exchange`, :mod:`._p2p_compiled`) calls the MPI library
+mpi4py loaded, found
 through mpi4py's own extension module, so that its functions and mpi4py's handles
 (``MPI._handleof``) belong to one library. The functions reach compiled code as
 addresses, arguments like any other, and are called through :func:`call_c`: nothing in
@@ -11,6 +12,8 @@ disk like the kernels.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +22,9 @@ from llvmlite import ir
 from mpi4py import MPI
 from numba import types
 from numba.extending import intrinsic
+
+from ..variables import COMPILED_EXCHANGE
+from .logs import LOGGER
 
 _HANDLE_DTYPES = {4: np.dtype(np.int32), 8: np.dtype(np.int64)}
 
@@ -48,7 +54,8 @@ class MpiFunctions:
     """The MPI library's functions that compiled code calls, as addresses.
 
     Attributes:
-        sendrecv, send, recv: ``MPI_Sendrecv``, ``MPI_Send``, ``MPI_Recv``.
+        sendrecv, send, recv, isend, irecv, testall, iprobe, improbe, mrecv, get_count:
+            ``MPI_Sendrecv``, ``MPI_Send``, and so on.
         handle_dtype: the C type of the library's handles (``int`` in MPICH, a pointer
             in Open MPI), as which handles are passed.
         status_bytes: the size of an ``MPI_Status``.
@@ -57,6 +64,13 @@ class MpiFunctions:
     sendrecv: int
     send: int
     recv: int
+    isend: int
+    irecv: int
+    testall: int
+    iprobe: int
+    improbe: int
+    mrecv: int
+    get_count: int
     handle_dtype: np.dtype
     status_bytes: int
 
@@ -74,10 +88,27 @@ def load_mpi_functions() -> tuple[MpiFunctions | None, str]:
     if handle_dtype is None or MPI._sizeof(MPI.Datatype) != handle_dtype.itemsize:
         return None, (f"MPI handles of {MPI._sizeof(MPI.Comm)} bytes are not ones compiled "
                       f"code can pass")
+    names = [field.name for field in dataclasses.fields(MpiFunctions)][:-2]
     try:
         library = ctypes.CDLL(MPI.__file__)
-        addresses = [ctypes.cast(getattr(library, name), ctypes.c_void_p).value
-                     for name in ("MPI_Sendrecv", "MPI_Send", "MPI_Recv")]
+        addresses = [ctypes.cast(getattr(library, "MPI_" + name.capitalize()),
+                                 ctypes.c_void_p).value for name in names]
     except (OSError, AttributeError) as error:
         return None, f"the MPI library's functions cannot be found: {error}"
     return MpiFunctions(*addresses, handle_dtype, MPI._sizeof(MPI.Status)), "found"
+
+
+@functools.cache
+def _found_mpi_functions() -> MpiFunctions | None:
+    functions, reason = load_mpi_functions()
+    if functions is None:
+        LOGGER.debug("the agreement's exchange and blocking point-to-point messages run "
+                     "in Python: %s", reason)
+    return functions
+
+
+def mpi_functions() -> MpiFunctions | None:
+    """The MPI library's functions for compiled code, or None where
+    ``RINGTRAIN_COMPILED_EXCHANGE`` turns compiled calls off or they cannot be found
+    (then said once, at DEBUG level)."""
+    return _found_mpi_functions() if COMPILED_EXCHANGE.read() else None

@@ -18,6 +18,8 @@ Collectives keep the group's own communicator; so the whole tag range (0 to MPI'
 
 from __future__ import annotations
 
+from typing import Any
+
 from mpi4py import MPI
 
 from ._group import Group
@@ -30,7 +32,11 @@ class Channels:
         messages: headers (and small messages' data), tagged by the user's tag.
         transfers: replies and large messages' data, tagged by sequence number.
         tag_limit: the largest tag a user may give (MPI's ``TAG_UB``).
+        compiled: the compiled steps over these communicators, once built
+            (:func:`._p2p_compiled.compiled_messages`).
     """
+
+    compiled: Any = None
 
     def __init__(self, comm: MPI.Comm):
         self.messages = comm.Dup()

@@ -8,6 +8,7 @@ to 8 bytes.
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 
@@ -19,8 +20,13 @@ from .errors import CommunicationError
 _MAGIC = 0x52545032  # "RTP2"
 _FIXED = 6  # magic, inline, dtype index, ndim, sequence, name length
 _NO_NAME = -1
+NO_NAME_CHECK = -2
+"""In :func:`expected_header`: any name (or none) is accepted."""
 _FIXED_FIELDS = struct.Struct(f"<{_FIXED}q")
-_FIXED_BYTES = _FIXED_FIELDS.size
+FIXED_BYTES = _FIXED_FIELDS.size
+"""Bytes of the fixed fields (the shape follows them)."""
+SEQUENCE_WORD = 4
+"""The sequence number's index among the fixed fields."""
 _NOT_OURS = ("a point-to-point message without ringtrain's header arrived on ringtrain's "
              "point-to-point communicator")
 
@@ -40,6 +46,26 @@ def encode_header(inline: bool, dtype: np.dtype, shape: tuple[int, ...], sequenc
     return fields + encoded + b"\x00" * (-len(encoded) % 8)
 
 
+@functools.lru_cache(maxsize=256)
+def header_template(inline: bool, dtype: np.dtype, shape: tuple[int, ...],
+                    name: str | None) -> np.ndarray:
+    """The header of a message with sequence number 0 (read-only bytes), for compiled
+    code that writes the sequence number into its word (:data:`SEQUENCE_WORD`)."""
+    return np.frombuffer(encode_header(inline, dtype, shape, 0, name), np.uint8)
+
+
+@functools.lru_cache(maxsize=256)
+def expected_header(inline: bool, dtype: np.dtype, shape: tuple[int, ...],
+                    name: str | None) -> np.ndarray:
+    """What a receive expects of a header, as bytes for compiled code to compare: int64
+    words (magic, inline, dtype, number of dimensions, the shape, then the name's length
+    or :data:`NO_NAME_CHECK`), then the name in UTF-8."""
+    encoded = b"" if name is None else name.encode()
+    words = struct.pack(f"<{5 + len(shape)}q", _MAGIC, inline, dtype_index(dtype),
+                        len(shape), *shape, NO_NAME_CHECK if name is None else len(encoded))
+    return np.frombuffer(words + encoded, np.uint8)
+
+
 class Header:
     """A received header.
 
@@ -50,7 +76,7 @@ class Header:
     """
 
     def __init__(self, message: np.ndarray):
-        if message.nbytes < _FIXED_BYTES:
+        if message.nbytes < FIXED_BYTES:
             raise CommunicationError(_NOT_OURS)
         magic, inline, dtype, ndim, self.sequence, name_length = \
             _FIXED_FIELDS.unpack_from(message)
@@ -58,8 +84,8 @@ class Header:
             raise CommunicationError(_NOT_OURS)
         self.inline = bool(inline)
         self.dtype = COPY_DTYPES[dtype]
-        end = _FIXED_BYTES + 8 * ndim
-        self.shape = struct.unpack_from(f"<{ndim}q", message, _FIXED_BYTES)
+        end = FIXED_BYTES + 8 * ndim
+        self.shape = struct.unpack_from(f"<{ndim}q", message, FIXED_BYTES)
         self.name = None if name_length == _NO_NAME else \
             bytes(message[end:end + name_length]).decode()
         self.length = end + (0 if name_length == _NO_NAME else

@@ -20,9 +20,8 @@ import numpy as np
 from ._buffers import DeviceTensor, device_tensor, is_torch_tensor, torch_from_host
 from ._checks import in_place_array, input_array
 from ._executor import Handle
-from ._group import Group
 from ._ops import COPY_DTYPES, check_dtype
-from ._p2p_channels import channels_of
+from ._p2p_channels import Channels, channels_of
 from ._p2p_engine import ENGINE, Outcome, PeerHandle
 from ._p2p_header import Expectation, Header
 from ._p2p_protocol import Operation, ReceiveOperation, SendOperation
@@ -87,8 +86,7 @@ def send(tensor: Any, dst: int, tag: int = 0, name: str | None = None,
         InvalidArgumentError: a bad rank or tag, or a blocking send to this rank itself
             (it would wait for its own receive: use :func:`sendrecv` or :func:`isend`).
     """
-    _refuse_self("send", dst, name, process_set)
-    _complete(SendOp(tensor, dst, tag, name), process_set)
+    _complete(_send_operation(tensor, dst, tag, name, process_set, Outcome))
 
 
 def isend(tensor: Any, dst: int, tag: int = 0, name: str | None = None,
@@ -122,8 +120,7 @@ def recv(tensor: Any = None, src: int = 0, tag: int = 0, name: str | None = None
         InvalidArgumentError: a bad rank or tag, or a blocking receive from this rank
             itself.
     """
-    _refuse_self("recv", src, name, process_set)
-    return _complete(RecvOp(tensor, src, tag, name, like), process_set)
+    return _complete(_receive_operation(tensor, src, tag, name, like, process_set, Outcome))
 
 
 def irecv(tensor: Any = None, src: int = 0, tag: int = 0, name: str | None = None,
@@ -169,11 +166,10 @@ def batch_isend_irecv(operations: Sequence[SendOp | RecvOp],
     return [operation.handle for operation in prepared]
 
 
-def _complete(operation: SendOp | RecvOp, process_set: ProcessSet | None) -> Any:
+def _complete(operation: Operation) -> Any:
     """Run one blocking send or receive to its end; its result (None for a send)."""
-    prepared = _prepare(operation, process_set, Outcome)
-    ENGINE.complete(prepared)
-    return prepared.handle.result()
+    ENGINE.complete(operation)
+    return operation.handle.result()
 
 
 def _wait_all(handles: Sequence[Handle]) -> list[Any]:
@@ -181,71 +177,84 @@ def _wait_all(handles: Sequence[Handle]) -> list[Any]:
     return [handle.result() for handle in handles]
 
 
-def _prepare(operation: SendOp | RecvOp, process_set: ProcessSet | None,
-             handle_type: type[PeerHandle | Outcome] = PeerHandle) -> Operation:
+def _prepare(operation: SendOp | RecvOp, process_set: ProcessSet | None) -> Operation:
     if isinstance(operation, SendOp):
-        what, peer = "send", operation.dst
-    elif isinstance(operation, RecvOp):
-        what, peer = "recv", operation.src
-    else:
-        raise InvalidArgumentError(
-            f"batch_isend_irecv takes SendOp and RecvOp, got {type(operation).__name__}")
-    name, tag = operation.name, operation.tag
+        return _send_operation(operation.tensor, operation.dst, operation.tag,
+                               operation.name, process_set, PeerHandle)
+    if isinstance(operation, RecvOp):
+        return _receive_operation(operation.tensor, operation.src, operation.tag,
+                                  operation.name, operation.like, process_set, PeerHandle)
+    raise InvalidArgumentError(
+        f"batch_isend_irecv takes SendOp and RecvOp, got {type(operation).__name__}")
+
+
+def _send_operation(tensor: Any, dst: Any, tag: Any, name: Any,
+                    process_set: ProcessSet | None,
+                    handle_type: type[PeerHandle | Outcome]) -> SendOperation:
+    """A checked send; a blocking one (``Outcome``) must not be to this rank."""
+    route = _route("send", dst, tag, name, process_set, handle_type is Outcome)
+    return SendOperation(handle_type("send", name), *route, _send_data(tensor, name))
+
+
+def _receive_operation(tensor: Any, src: Any, tag: Any, name: Any, like: Any,
+                       process_set: ProcessSet | None,
+                       handle_type: type[PeerHandle | Outcome]) -> ReceiveOperation:
+    """A checked receive; a blocking one (``Outcome``) must not be from this rank."""
+    route = _route("recv", src, tag, name, process_set, handle_type is Outcome)
+    expectation, target, finish = _receive_plan(tensor, name, like)
+    return ReceiveOperation(handle_type("recv", name), *route, expectation, target, finish)
+
+
+def _route(what: str, peer: Any, tag: Any, name: Any, process_set: ProcessSet | None,
+           blocking: bool) -> tuple[Channels, int, int, int, int]:
+    """The channels, the peer's group and world ranks, this rank's world rank and the
+    tag of a message, checked."""
     if name is not None and not isinstance(name, str):
         raise InvalidArgumentError(f"{subject(what, None)}: name must be a str, got {name!r}")
     group = resolve_group(process_set, what, name)
     channels = channels_of(group)
-    peer_rank = _group_rank(group, peer, what, name)
+    if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)):
+        raise InvalidArgumentError(
+            f"{subject(what, name)}: the peer must be a rank (int), got {peer!r}")
+    peer = int(peer)
+    try:
+        peer_rank = group.world_ranks.index(peer)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"{subject(what, name)}: rank {peer} is not among the ranks "
+            f"{list(group.world_ranks)} of this call") from None
     if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or \
             not 0 <= tag <= channels.tag_limit:
         raise InvalidArgumentError(
             f"{subject(what, name)}: tag must be an int from 0 to {channels.tag_limit}, "
             f"got {tag!r}")
-    handle = handle_type(what, name)
-    arguments = (handle, channels, peer_rank, int(peer), group.world_rank, int(tag))
-    if isinstance(operation, SendOp):
-        return SendOperation(*arguments, _send_data(operation.tensor, name))
-    expectation, target, finish = _receive_plan(operation)
-    return ReceiveOperation(*arguments, expectation, target, finish)
-
-
-def _group_rank(group: Group, peer: Any, what: str, name: str | None) -> int:
-    if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)):
-        raise InvalidArgumentError(
-            f"{subject(what, name)}: the peer must be a rank (int), got {peer!r}")
-    if int(peer) not in group.world_ranks:
-        raise InvalidArgumentError(
-            f"{subject(what, name)}: rank {peer} is not among the ranks "
-            f"{list(group.world_ranks)} of this call")
-    return group.world_ranks.index(int(peer))
-
-
-def _refuse_self(what: str, peer: Any, name: str | None,
-                 process_set: ProcessSet | None) -> None:
-    group = resolve_group(process_set, what, name)
-    if isinstance(peer, (int, np.integer)) and int(peer) == group.world_rank:
+    if blocking and peer_rank == group.rank:
         raise InvalidArgumentError(
             f"{subject(what, name)}: a blocking {what} with this rank itself would wait "
             f"forever for its own {'recv' if what == 'send' else 'send'}; use sendrecv, "
             f"or isend/irecv and synchronize")
+    return channels, peer_rank, peer, group.world_rank, int(tag)
 
 
 def _send_data(tensor: Any, name: str | None) -> np.ndarray:
     """The bytes to send: a host array (a device tensor copied to the host)."""
-    on_device = device_tensor(tensor, "send", name)
-    array = _host_copy(on_device) if on_device is not None else \
-        np.require(input_array(tensor, "send", name), requirements="C")
+    if isinstance(tensor, np.ndarray):
+        array = tensor
+    else:
+        on_device = device_tensor(tensor, "send", name)
+        array = _host_copy(on_device) if on_device is not None else \
+            input_array(tensor, "send", name)
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
     check_dtype(array.dtype, COPY_DTYPES, "send", name)
     return array
 
 
-def _receive_plan(operation: RecvOp) -> tuple[Expectation, Any, Any]:
+def _receive_plan(tensor: Any, name: str | None, like: Any) -> tuple[Expectation, Any, Any]:
     """What the receive accepts, where its data goes and how it is returned."""
-    name, tensor = operation.name, operation.tensor
     if tensor is None:
-        like = None if operation.like is None else device_tensor(operation.like, "recv", name)
-        return (Expectation(None, None, name), _new_array,
-                _new_result(operation.like, like))
+        on_device = None if like is None else device_tensor(like, "recv", name)
+        return Expectation(None, None, name), _new_array, _new_result(like, on_device)
     on_device = device_tensor(tensor, "recv", name, in_place=True)
     if on_device is not None:
         check_dtype(on_device.dtype, COPY_DTYPES, "recv", name)

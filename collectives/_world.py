@@ -41,6 +41,8 @@ class World:
         cuda_aware: whether MPI takes device pointers (see :mod:`.cuda_aware`).
         gpu: the device this rank uses, made current at init by local rank unless the
             user already chose one (see :mod:`.gpu_choice`).
+        cores_shared: whether this node runs more ranks than this process may use
+            cores: a rank waiting for another then gives its core away at once.
     """
 
     group: Group
@@ -53,6 +55,7 @@ class World:
     node_keys: tuple[int, ...] = ()
     cuda_aware: CudaAwareness = CudaAwareness(False, "not asked")
     gpu: GpuChoice = GpuChoice(None, "not asked")
+    cores_shared: bool = False
 
 
 _world: World | None = None
@@ -91,7 +94,7 @@ def init(comm: MPI.Comm | None = None) -> None:
     group = Group(own, world_ranks)
     open_channels(group)
     _world = World(group, local_comm, cross_comm, Executor(), _generation,
-                   node_keys=node_keys)
+                   node_keys=node_keys, cores_shared=local_comm.Get_size() > _usable_cores())
     set_rank(own.Get_rank())
     timeline.set_world((own.Get_rank(), own.Get_size()))
     configure_logging(own.Get_rank())
@@ -197,6 +200,12 @@ def rank() -> int:
 def size() -> int:
     """Number of ranks."""
     return world().group.size
+
+
+def cores_shared() -> bool:
+    """Whether this node runs more ranks than this process may use cores (False before
+    :func:`init`)."""
+    return _world is not None and _world.cores_shared
 
 
 def local_rank() -> int:

@@ -471,8 +471,9 @@ RESULT_POOL_BYTES: Variable[int] = _declare(Variable(
 COMPILED_EXCHANGE: Variable[bool] = _declare(Variable(
     "RINGTRAIN_COMPILED_EXCHANGE",
     switch("the agreement's exchange runs compiled", "it runs in Python"), True,
-    "1: the agreement's exchange (and the small collectives riding in it) runs as "
-    "compiled code calling the MPI library; 0: in Python through mpi4py"))
+    "1: the agreement's exchange (and the small collectives riding in it) and blocking "
+    "point-to-point messages run as compiled code calling the MPI library; 0: in Python "
+    "through mpi4py"))
 
 # Read by ringtrain.kvstore.create (RINGTRAIN_KV_SERVERS also set by ringtrain-run --servers).
 KV_SERVERS: Variable[int | None] = _declare(Variable(

@@ -5,6 +5,7 @@ called from compiled code, handles, which payloads it combines, and turning it o
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -33,7 +34,10 @@ def test_call_c_calls_the_function_at_an_address():
 def test_the_mpi_library_functions_are_found():
     functions, reason = load_mpi_functions()
     assert functions is not None, reason
-    assert all(address for address in (functions.sendrecv, functions.send, functions.recv))
+    addresses = [getattr(functions, field.name) for field in dataclasses.fields(functions)
+                 if field.name.islower() and field.type == "int" and
+                 field.name != "status_bytes"]
+    assert len(addresses) == 10 and all(addresses), addresses
     assert functions.status_bytes == MPI._sizeof(MPI.Status)
 
 
@@ -92,6 +96,21 @@ exchange.run(message, 40, receive, HEADERS)
 for dtype in (np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32, np.int64):
     exchange.run(message, 104, receive, PAYLOADS, payload_code(np.dtype(dtype), np.add),
                  message[40:].view(dtype), receive[40:104].view(dtype))
+# The point-to-point steps, compiled for the arguments they are given (a header template
+# and an expected header are read-only bytes).
+import numba
+from ringtrain.collectives import _p2p_compiled as steps
+from ringtrain.collectives._native_calls import load_mpi_functions
+from ringtrain.collectives._p2p_header import expected_header, header_template
+work, data = np.zeros(steps.AREA_BYTES + 1024, np.uint8), np.zeros(8, np.uint8)
+handles = np.zeros(3, load_mpi_functions()[0].handle_dtype)
+template = header_template(True, np.dtype(np.uint8), (8,), None)
+expected = expected_header(True, np.dtype(np.uint8), (8,), None)
+for function, arguments in [
+        (steps._send_steps, (work, handles, template, data, True, 1, 2, 3, 4)),
+        (steps._receive_steps, (work, handles, expected, data, 1, 2, 3)),
+        (steps._receive_matched, (work, handles, data))]:
+    function.compile(tuple(numba.typeof(argument) for argument in arguments))
 print("cached")
 """
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

@@ -1,12 +1,19 @@
-"""The point-to-point header and what a receive accepts, without MPI."""
+"""The point-to-point header and what a receive accepts (in Python and in the compiled
+steps), without MPI."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 from ringtrain.collectives._ops import COPY_DTYPES
-from ringtrain.collectives._p2p_header import Expectation, Header, encode_header
+from ringtrain.collectives._p2p_compiled import AREA_BYTES, _header_matches, \
+    compiled_messages, fits
+from ringtrain.collectives._p2p_header import Expectation, Header, encode_header, \
+    expected_header, header_template
 from ringtrain.collectives.errors import CommunicationError, MessageMismatchError
 
 
@@ -58,3 +65,48 @@ def test_the_mismatch_message_names_both_ranks_the_tag_and_what_differed():
                           "the receive posted for it: rank 2 sent shape (3,), rank 0 "
                           "expected shape (4,)")
     assert isinstance(error, RuntimeError) and (error.sender, error.receiver) == (2, 0)
+
+
+def _compiled_check(header: bytes, data_bytes: int, shape, dtype, name,
+                    expected_bytes: int | None = None) -> int:
+    """Where the compiled receive finds the data of a message ``header`` + ``data_bytes``,
+    expecting ``shape``, ``dtype``, ``name`` (None: any) and ``expected_bytes`` of data
+    (default ``data_bytes``), or -1 when it leaves the message to Python."""
+    message = np.concatenate([np.frombuffer(header, np.uint8), np.ones(data_bytes, np.uint8)])
+    expected = expected_header(True, np.dtype(dtype), shape, name)
+    return _header_matches(message, expected,
+                           data_bytes if expected_bytes is None else expected_bytes)
+
+
+@pytest.mark.parametrize("name", [None, "", "w", "größe/∂", "x" * 13])
+def test_the_compiled_receive_accepts_exactly_what_the_python_one_accepts(name):
+    shape, dtype = (3, 5), np.dtype(np.float32)
+    header = encode_header(True, dtype, shape, 77, name)
+    offset = Header(np.frombuffer(header, np.uint8)).length
+    assert _compiled_check(header, 60, shape, dtype, name) == offset
+    assert _compiled_check(header, 60, shape, dtype, None) == offset
+    assert header_template(True, dtype, shape, name).tobytes() == \
+        encode_header(True, dtype, shape, 0, name)
+    others = [("shape", (5, 3), dtype, name), ("ndim", (15,), dtype, name),
+              ("dtype", shape, np.dtype(np.int32), name),
+              ("name", shape, dtype, "v" if name is None else name + "v")]
+    for what, other_shape, other_dtype, other_name in others:
+        assert _compiled_check(header, 60, other_shape, other_dtype, other_name) == -1, what
+        assert Expectation(other_shape, other_dtype, other_name).differences(
+            Header(np.frombuffer(header, np.uint8))), what
+    assert _compiled_check(header, 60, shape, dtype, name, 59) == -1  # data of another length
+    assert _compiled_check(encode_header(False, dtype, shape, 77, name), 60, shape, dtype,
+                           name) == -1  # the data does not follow in this message
+    assert _compiled_check(b"\0" * 48, 60, shape, dtype, name) == -1  # not our header
+    assert _compiled_check(header[:40], 0, shape, dtype, name) == -1  # too short
+
+
+def test_turned_off_blocking_messages_take_the_python_steps(monkeypatch):
+    channels = SimpleNamespace(compiled=None, messages=MPI.COMM_WORLD,
+                               transfers=MPI.COMM_SELF)
+    monkeypatch.setenv("RINGTRAIN_COMPILED_EXCHANGE", "0")
+    assert compiled_messages(channels) is None and channels.compiled is None
+    monkeypatch.setenv("RINGTRAIN_COMPILED_EXCHANGE", "1")
+    assert compiled_messages(channels) is channels.compiled is not None
+    assert fits(AREA_BYTES, 2 ** 31 - 2) and not fits(AREA_BYTES + 1, 0)
+    assert not fits(0, 2 ** 31)

@@ -7,6 +7,7 @@ Run: RINGTRAIN_STALL_CHECK_SECONDS=1 mpiexec -n K python tests/mpi/point_to_poin
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -14,13 +15,14 @@ import numpy as np
 import torch
 
 import ringtrain as rt
+from ringtrain.collectives import _p2p_protocol
 from ringtrain.kernels import BFLOAT16
 from _harness import (COPY_DTYPES, WORLD, assert_equal_arrays, check, expect_raises, main,
                       make_input)
 
 DTYPES = COPY_DTYPES + [np.dtype(BFLOAT16)]
-# Below, at and above the size whose data travels with the header (64 KiB).
-SHAPES = [(), (0,), (7,), (3, 5), (0, 4), (16384,), (16385,), (3, 40001)]
+# Below, at and above the size whose data travels with the header (12 KiB).
+SHAPES = [(), (0,), (7,), (3, 5), (0, 4), (3072,), (3073,), (3, 40001)]
 
 
 def data(sender: int, shape, dtype, *key) -> np.ndarray:
@@ -101,6 +103,78 @@ def blocking_send_and_recv():
         got = rt.recv(None, 0, name="b")
         assert_equal_arrays(got, data(0, (6, me), np.float64, "b"), "from rank 0")
         rt.send(data(me, (me,), np.int16, "back"), 0, tag=4)
+
+
+@contextlib.contextmanager
+def python_steps(on_this_rank: bool):
+    """Blocking messages take the Python steps on this rank for the block, if asked; the
+    compiled ones otherwise (see collectives/_p2p_compiled.py)."""
+    compiled_messages = _p2p_protocol.compiled_messages
+    if on_this_rank:
+        _p2p_protocol.compiled_messages = lambda channels: None
+    try:
+        yield
+    finally:
+        _p2p_protocol.compiled_messages = compiled_messages
+
+
+def blocking_in_a_ring(tensor, dst: int, src: int, into, **names):
+    """Send to ``dst`` and receive from ``src`` with blocking calls, even ranks sending
+    first (no deadlock in a ring of any size)."""
+    send_name, recv_name = names.get("send_name"), names.get("recv_name")
+    if rt.rank() % 2 == 0:
+        rt.send(tensor, dst, tag=2, name=send_name)
+        return rt.recv(into, src, tag=2, name=recv_name)
+    got = rt.recv(into, src, tag=2, name=recv_name)
+    rt.send(tensor, dst, tag=2, name=send_name)
+    return got
+
+
+@check(min_size=2)
+def blocking_messages_compiled_and_python_steps():
+    """Blocking send and recv take compiled steps; each side may take either form: the
+    data, the checks and the errors are the same."""
+    me, right, left = neighbours()
+    for form, python_here in [("compiled", False), ("python", True),
+                              ("mixed", me % 2 == 1)]:
+        with python_steps(python_here):
+            for dtype in DTYPES:
+                for shape in [(), (0,), (7,), (3, 5), (3072,), (3073,), (3, 40001)]:
+                    if dtype.itemsize > 2 and np.prod(shape) > 20000 and dtype.kind != "f":
+                        continue
+                    mine = data(me, shape, dtype, "blocking")
+                    into = np.full(shape, 7, dtype)
+                    got = blocking_in_a_ring(mine, right, left, into, send_name="t",
+                                             recv_name="t" if len(shape) % 2 else None)
+                    assert got is into, f"{form} {dtype} {shape}"
+                    assert_equal_arrays(into, data(left, shape, dtype, "blocking"),
+                                        f"{form} {dtype} {shape}")
+            new = blocking_in_a_ring(np.arange(5.0) + me, right, left, None)
+            assert_equal_arrays(new, np.arange(5.0) + left, f"{form} recv(None)")
+            strided = np.zeros((6, 4), np.float32)
+            blocking_in_a_ring(np.full((4, 6), me, np.float32), right, left, strided.T)
+            assert_equal_arrays(strided.T, np.full((4, 6), left, np.float32), f"{form} strided")
+            cases = [("shape", np.zeros(5, np.float32), np.zeros(6, np.float32), {}),
+                     ("dtype", np.zeros(5, np.float32), np.zeros(5, np.int32), {}),
+                     ("shape", np.zeros(40000, np.float32), np.zeros((2, 20000), np.float32),
+                      {}),
+                     ("name", np.zeros(3), np.zeros(3), {"send_name": "a", "recv_name": "b"}),
+                     ("name", np.zeros(9000), np.zeros(9000), {"recv_name": "b"})]
+            partner = me + 1 if me % 2 == 0 else me - 1
+            for what, sent, expected, names in cases if partner < rt.size() else []:
+                for sender in (0, 1):  # the even rank of a pair sends, then the odd one
+                    if me % 2 == sender:
+                        error = expect_raises(rt.MessageMismatchError, rt.send, sent, partner,
+                                              tag=2, name=names.get("send_name"),
+                                              match=["(tag 2)", f"expected {what}"])
+                    else:
+                        error = expect_raises(rt.MessageMismatchError, rt.recv, expected,
+                                              partner, tag=2, name=names.get("recv_name"),
+                                              match=["(tag 2)", f"expected {what}"])
+                        assert not expected.any(), f"{form} {what}: the target was written"
+                    assert what in error.differences, (form, error.differences)
+            after = blocking_in_a_ring(np.full(3, me), right, left, None)
+            assert_equal_arrays(after, np.full(3, left), f"{form} after the errors")
 
 
 @check
@@ -200,7 +274,7 @@ def a_late_sender_is_reported_by_the_stall_inspector():
             time.sleep(2.5)
             rt.send(np.ones(3), 0, tag=6, name="late")
         elif me == 0:
-            rt.recv(None, 1, tag=6, name="late")
+            rt.recv(np.empty(3), 1, tag=6, name="late")
     finally:
         logger.removeHandler(records)
     if me == 0:
