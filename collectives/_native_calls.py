@@ -88,6 +88,7 @@ def load_mpi_functions() -> tuple[MpiFunctions | None, str]:
     if handle_dtype is None or MPI._sizeof(MPI.Datatype) != handle_dtype.itemsize:
         return None, (f"MPI handles of {MPI._sizeof(MPI.Comm)} bytes are not ones compiled "
                       f"code can pass")
+    # Every field but the last two (handle_dtype, status_bytes) names a function.
     names = [field.name for field in dataclasses.fields(MpiFunctions)][:-2]
     try:
         library = ctypes.CDLL(MPI.__file__)

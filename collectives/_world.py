@@ -42,7 +42,8 @@ class World:
         gpu: the device this rank uses, made current at init by local rank unless the
             user already chose one (see :mod:`.gpu_choice`).
         cores_shared: whether this node runs more ranks than this process may use
-            cores: a rank waiting for another then gives its core away at once.
+            cores: a rank waiting for another in a point-to-point call then soon gives
+            its core away.
     """
 
     group: Group
