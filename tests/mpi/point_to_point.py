@@ -108,12 +108,19 @@ def blocking_send_and_recv():
 @contextlib.contextmanager
 def python_steps(on_this_rank: bool):
     """Blocking messages take the Python steps on this rank for the block, if asked; the
-    compiled ones otherwise (see collectives/_p2p_compiled.py)."""
+    compiled ones otherwise (see collectives/_p2p_compiled.py). Yields a list that says,
+    for each message that could take the compiled steps, whether it did."""
     compiled_messages = _p2p_protocol.compiled_messages
-    if on_this_rank:
-        _p2p_protocol.compiled_messages = lambda channels: None
+    taken: list[bool] = []
+
+    def counted(channels):
+        compiled = None if on_this_rank else compiled_messages(channels)
+        taken.append(compiled is not None)
+        return compiled
+
+    _p2p_protocol.compiled_messages = counted
     try:
-        yield
+        yield taken
     finally:
         _p2p_protocol.compiled_messages = compiled_messages
 
@@ -137,7 +144,7 @@ def blocking_messages_compiled_and_python_steps():
     me, right, left = neighbours()
     for form, python_here in [("compiled", False), ("python", True),
                               ("mixed", me % 2 == 1)]:
-        with python_steps(python_here):
+        with python_steps(python_here) as taken:
             for dtype in DTYPES:
                 for shape in [(), (0,), (7,), (3, 5), (3072,), (3073,), (3, 40001)]:
                     if dtype.itemsize > 2 and np.prod(shape) > 20000 and dtype.kind != "f":
@@ -175,6 +182,8 @@ def blocking_messages_compiled_and_python_steps():
                     assert what in error.differences, (form, error.differences)
             after = blocking_in_a_ring(np.full(3, me), right, left, None)
             assert_equal_arrays(after, np.full(3, left), f"{form} after the errors")
+            assert taken and all(taken) != python_here and any(taken) != python_here, \
+                f"{form}: compiled steps taken {sum(taken)} times of {len(taken)}"
 
 
 @check
