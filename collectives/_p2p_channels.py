@@ -18,14 +18,11 @@ Collectives keep the group's own communicator; so the whole tag range (0 to MPI'
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from mpi4py import MPI
 
 from ._group import Group
-
-if TYPE_CHECKING:
-    from ._p2p_compiled import CompiledMessages
 
 
 class Channels:
@@ -39,7 +36,7 @@ class Channels:
             (:func:`._p2p_compiled.compiled_messages`).
     """
 
-    compiled: CompiledMessages | None = None
+    compiled: Any = None
 
     def __init__(self, comm: MPI.Comm):
         self.messages = comm.Dup()
