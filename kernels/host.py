@@ -63,18 +63,6 @@ _float_from_half = _jit(float_bits.float_bits_from_half_bits)
 _bfloat_from_float = _jit(float_bits.bfloat_bits_from_float_bits)
 
 
-def _bfloat_bits_from_arithmetic(bits):
-    """bfloat16 bits nearest to a float32 (ties to even) that CPU arithmetic made from
-    bfloat16 values (and a finite float32 factor). Such a float32 is NaN only with a zero
-    low half (an operand's NaN, quieted, or the default NaN 0x7FC00000), which rounding
-    keeps NaN, with the bits :func:`float_bits.bfloat_bits_from_float_bits` gives: the
-    encoder's NaN case, whose branch halves the speed of the loops, is not needed. (A GPU's
-    canonical NaN, 0x7FFFFFFF, does need it: the device twins keep it.)"""
-    f = np.int64(bits) & 0xFFFFFFFF
-    return np.uint16((f + 0x7FFF + ((f >> 16) & 1)) >> 16)
-
-
-_bfloat_from_arithmetic = _jit(_bfloat_bits_from_arithmetic)
 _float_from_bfloat = _jit(float_bits.float_bits_from_bfloat_bits)
 _quantize_word = _jit(two_bit.quantize_word)
 _dequantized = _jit(two_bit.dequantized)
@@ -92,11 +80,16 @@ def _parallel_twin(loop: Callable) -> Callable:
 
 
 class _SizedLoop:
-    """A loop compiled twice, serial and parallel, and called as the size warrants."""
+    """A loop compiled twice, serial and parallel, and called as the size warrants;
+    through ``entry(compiled loop, "serial" or "parallel")``, a compiled caller, if given."""
 
-    def __init__(self, loop: Callable):
+    def __init__(self, loop: Callable,
+                 entry: Callable[[Callable, str], Callable] | None = None):
         self.serial = numba.njit(cache=True, nogil=True)(loop)
         self.parallel = numba.njit(cache=True, nogil=True, parallel=True)(_parallel_twin(loop))
+        if entry is not None:
+            self.serial, self.parallel = entry(self.serial, "serial"), \
+                entry(self.parallel, "parallel")
 
     def __call__(self, size: int, *args):
         if size >= PARALLEL_MIN_ELEMENTS and _host_threads > 1:
@@ -193,28 +186,172 @@ def _reduce_loop(combine: Callable, name: str) -> _SizedLoop:
     return _SizedLoop(reduce)
 
 
+_SIXTEEN = np.uint32(16)
+_HIGH_HALF = np.uint32(0xFFFF0000)
+_ROUNDING = np.uint32(0x7FFF)
+_ONE = np.uint32(1)
+
+# The bfloat16 loops below work on words of two elements. A bfloat16 in the high half of
+# a word whose low half is zero is the float32 of the same value ("wide" bits), so a
+# word holds two float32 operands one shift and one mask away, and two rounded results
+# go back into one word by a shift and a mask: no lane shuffles, which would otherwise
+# cost more than the arithmetic.
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _rounded_wide(bits):
+    """float32 ``bits`` rounded to the nearest bfloat16 (ties to even), which is the high
+    half of the result (its low half is not cleared).
+
+    ``bits`` must come from CPU arithmetic on bfloat16 values (and a finite float32
+    factor): such a float32 is NaN only with a zero low half (an operand's NaN, quieted, or
+    the default NaN 0x7FC00000), which rounding keeps NaN, with the bits
+    :func:`float_bits.bfloat_bits_from_float_bits` gives; the encoder's NaN case, whose
+    branch halves the speed of the loops, is not needed. (A GPU's canonical NaN, 0x7FFFFFFF,
+    does need it: the device twins keep it.)"""
+    return np.uint32(bits + _ROUNDING + ((bits >> _SIXTEEN) & _ONE))
+
+
+def _add_wide(x, y):
+    return _rounded_wide(np.float32(x.view(np.float32) + y.view(np.float32)).view(np.uint32))
+
+
+def _multiply_wide(x, y):
+    return _rounded_wide(np.float32(x.view(np.float32) * y.view(np.float32)).view(np.uint32))
+
+
+def _minimum_wide(x, y):  # min and max keep an operand's bits; NaN wins, as in numpy
+    a, b = x.view(np.float32), y.view(np.float32)
+    return x if (a <= b or a != a) else y
+
+
+def _maximum_wide(x, y):
+    a, b = x.view(np.float32), y.view(np.float32)
+    return x if (a >= b or a != a) else y
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _low_wide(word):
+    """The wide bits of a word's first bfloat16 (the low half, in little-endian memory)."""
+    return np.uint32(word << _SIXTEEN)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _high_wide(word):
+    """The wide bits of a word's second bfloat16."""
+    return np.uint32(word & _HIGH_HALF)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _joined(low, high):
+    """The word of two bfloat16 results, each the high half of ``low`` and ``high``."""
+    return np.uint32((low >> _SIXTEEN) | (high & _HIGH_HALF))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _wide(bits):
+    """The wide bits of one bfloat16."""
+    return np.uint32(np.uint32(bits) << _SIXTEEN)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _narrow(wide):
+    """The bfloat16 whose bits are the high half of ``wide``."""
+    return np.uint16(wide >> _SIXTEEN)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _words(bits):
+    """The whole words of a uint16 array (all but an odd last element) as uint32.
+
+    Called outside the parallel loops: numba (0.68) compiles a parallel loop over a view
+    made in the same function so that its writes are lost."""
+    return bits[:bits.size - bits.size % 2].view(np.uint32)
+
+
+def _bfloat_reducer() -> dict[int, _SizedLoop]:
+    """Loops for ``out = a (op) b`` on bfloat16 bits, computed in float32 and rounded
+    once, by op code (one loop per op keeps branches out of them)."""
+    return {code: _bfloat_reduce_loop(combine, name)
+            for code, combine, name in ((0, _add_wide, "add"), (3, _multiply_wide, "multiply"),
+                                        (1, _minimum_wide, "minimum"),
+                                        (2, _maximum_wide, "maximum"))}
+
+
+def _bfloat_reduce_loop(combine: Callable, name: str) -> _SizedLoop:
+    """The loop applying wide ``combine`` to bfloat16 bits into ``out``, which may be ``a``
+    or ``b`` (told apart as in :func:`_reduce_loop`), a word at a time."""
+    step = numba.njit(cache=True, nogil=True, inline="always")(combine)
+
+    def combine_words(x, y):
+        return _joined(step(_low_wide(x), _low_wide(y)), step(_high_wide(x), _high_wide(y)))
+
+    combine_words.__qualname__ = f"{name}_bfloat_words"
+    word = numba.njit(cache=True, nogil=True, inline="always")(combine_words)
+
+    def reduce_words(a, b, out):
+        if out.ctypes.data == a.ctypes.data:
+            for i in numba.prange(out.size):
+                out[i] = word(out[i], b[i])
+        elif out.ctypes.data == b.ctypes.data:
+            for i in numba.prange(out.size):
+                out[i] = word(a[i], out[i])
+        else:
+            for i in numba.prange(out.size):
+                out[i] = word(a[i], b[i])
+
+    def entry(words_loop: Callable, kind: str) -> Callable:
+        def reduce(a, b, out):
+            words_loop(_words(a), _words(b), _words(out))
+            if out.size % 2:
+                last = out.size - 1
+                out[last] = _narrow(step(_wide(a[last]), _wide(b[last])))
+
+        reduce.__qualname__ = f"reduce_{name}_bfloat_{kind}"
+        return numba.njit(cache=True, nogil=True)(reduce)
+
+    reduce_words.__qualname__ = f"reduce_{name}_bfloat_words"
+    return _SizedLoop(reduce_words, entry)
+
+
 def _bfloat_loop(step: Callable, name: str) -> _SizedLoop:
     """The loop for ``out = step(a, factor)`` on bfloat16 bits, computed in float32 and
-    rounded once; ``out`` may be ``a`` (told apart as in :func:`_reduce_loop`)."""
+    rounded once, a word at a time; ``out`` may be ``a``."""
     operation = numba.njit(cache=True, nogil=True, inline="always")(step)
 
-    def apply(x_bits, factor):
-        x = np.uint32(_float_from_bfloat(x_bits)).view(np.float32)
-        return _bfloat_from_arithmetic(np.float32(operation(x, factor)).view(np.uint32))
+    def apply(wide, factor):
+        return _rounded_wide(np.float32(operation(wide.view(np.float32), factor))
+                             .view(np.uint32))
 
     apply.__qualname__ = f"{name}_bfloat"
     element = numba.njit(cache=True, nogil=True, inline="always")(apply)
 
-    def loop(a, factor, out):
+    def apply_words(x, factor):
+        return _joined(element(_low_wide(x), factor), element(_high_wide(x), factor))
+
+    apply_words.__qualname__ = f"{name}_bfloat_words"
+    word = numba.njit(cache=True, nogil=True, inline="always")(apply_words)
+
+    def loop_words(a, factor, out):
         if out.ctypes.data == a.ctypes.data:
             for i in numba.prange(out.size):
-                out[i] = element(out[i], factor)
+                out[i] = word(out[i], factor)
         else:
             for i in numba.prange(out.size):
-                out[i] = element(a[i], factor)
+                out[i] = word(a[i], factor)
 
-    loop.__qualname__ = f"{name}_bfloat_loop"
-    return _SizedLoop(loop)
+    def entry(words_loop: Callable, kind: str) -> Callable:
+        def loop(a, factor, out):
+            words_loop(_words(a), factor, _words(out))
+            if out.size % 2:
+                last = out.size - 1
+                out[last] = _narrow(element(_wide(a[last]), factor))
+
+        loop.__qualname__ = f"{name}_bfloat_loop_{kind}"
+        return numba.njit(cache=True, nogil=True)(loop)
+
+    loop_words.__qualname__ = f"{name}_bfloat_loop_words"
+    return _SizedLoop(loop_words, entry)
 
 
 def _times(x, factor):
@@ -231,7 +368,7 @@ _encode_bfloat, _encode_bfloat_feedback = _encoder(_bfloat_from_float, _float_fr
 _decode_half = _decoder(_float_from_half, "half")
 _decode_bfloat = _decoder(_float_from_bfloat, "bfloat")
 _reduce_half = _reducer(_half_from_float, _float_from_half, "half")
-_reduce_bfloat = _reducer(_bfloat_from_arithmetic, _float_from_bfloat, "bfloat")
+_reduce_bfloat = _bfloat_reducer()
 _scale_bfloat = _bfloat_loop(_times, "scale")
 _divide_bfloat = _bfloat_loop(_over, "divide")
 

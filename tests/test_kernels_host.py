@@ -679,6 +679,30 @@ def test_bfloat16_divide_is_correctly_rounded(divisor, size):
     assert_same_bits(values[keep], expected[keep])
 
 
+@pytest.mark.parametrize("size", [6, 7, PARALLEL_SIZE])
+def test_bfloat16_loops_take_arrays_at_any_element_offset(size):
+    """The loops read two elements a word: arrays that start mid-word, each at its own
+    offset, give the bits of aligned copies."""
+    a, b = bfloat16_values(size, 1), bfloat16_values(size, 2)
+    sums, quotients = np.empty_like(a), np.empty_like(a)
+    kernels.reduce_into("sum", a, b, sums)
+    kernels.divide_into(a, 3, quotients)
+    for a_offset, b_offset, out_offset in ((1, 0, 0), (0, 1, 1), (1, 1, 0)):
+        shifted_a = np.empty(size + 1, BF16)[a_offset:a_offset + size]
+        shifted_b = np.empty(size + 1, BF16)[b_offset:b_offset + size]
+        shifted_a[...], shifted_b[...] = a, b
+        out = np.empty(size + 1, BF16)[out_offset:out_offset + size]
+        kernels.reduce_into("sum", shifted_a, shifted_b, out)
+        assert_same_bits(out, sums)
+        kernels.reduce_into("sum", shifted_a, shifted_b, shifted_a)
+        assert_same_bits(shifted_a, sums)
+        shifted_b[...] = a
+        kernels.divide_into(shifted_b, 3, out)
+        assert_same_bits(out, quotients)
+        kernels.divide_into(shifted_b, 3, shifted_b)
+        assert_same_bits(shifted_b, quotients)
+
+
 def test_bfloat16_small_integer_average_is_exact_rounding():
     sums = np.arange(-32, 33, dtype=np.float64)
     for ranks in (2, 3, 4):
