@@ -188,8 +188,9 @@ def _reduce_loop(combine: Callable, name: str) -> _SizedLoop:
 
 _SIXTEEN = np.uint32(16)
 _HIGH_HALF = np.uint32(0xFFFF0000)
-_ROUNDING = np.uint32(0x7FFF)
-_ONE = np.uint32(1)
+_KEPT_BIT = np.uint32(0x10000)  # the last bit a bfloat16 keeps of a float32
+_HALF_UP = np.uint32(0x8000)  # added below an odd kept bit: a tie carries, up to even
+_HALF_DOWN = np.uint32(0x7FFF)  # added below an even kept bit: a tie stays even
 
 # The bfloat16 loops below work on words of two elements. A bfloat16 in the high half of
 # a word whose low half is zero is the float32 of the same value ("wide" bits), so a
@@ -209,7 +210,7 @@ def _rounded_wide(bits):
     :func:`float_bits.bfloat_bits_from_float_bits` gives; the encoder's NaN case, whose
     branch halves the speed of the loops, is not needed. (A GPU's canonical NaN, 0x7FFFFFFF,
     does need it: the device twins keep it.)"""
-    return np.uint32(bits + _ROUNDING + ((bits >> _SIXTEEN) & _ONE))
+    return np.uint32(bits + (_HALF_UP if bits & _KEPT_BIT else _HALF_DOWN))
 
 
 def _add_wide(x, y):
@@ -653,8 +654,8 @@ def reduce_into(op: str, a: np.ndarray, b: np.ndarray, out: np.ndarray,
         if array.dtype not in dtypes or array.size != out.size:
             raise ValueError(f"{name} must hold {out.size} {dtypes[0]}, got {array.size} "
                              f"{array.dtype}")
-    loops[OP_CODES[op]](out.size, _flat(a).view(np.uint16), _flat(b).view(np.uint16),
-                        _flat(out).view(np.uint16))
+    loops[OP_CODES[op]](out.size, _flat(a).view(_UINT16), _flat(b).view(_UINT16),
+                        _flat(out).view(_UINT16))
 
 
 def scale_into(a: np.ndarray, factor: float, out: np.ndarray,
@@ -700,6 +701,8 @@ _BFLOAT16_STORAGE = (np.dtype(np.uint16), BFLOAT16)
 """What may hold bfloat16 bits: uint16 arrays (with ``encoding="bfloat16"``) and
 bfloat16 arrays."""
 
+_UINT16 = np.dtype(np.uint16)  # a dtype object: numpy converts np.uint16 at every use
+
 
 def _encoding(encoding: str | None, out: np.ndarray) -> str | None:
     """The format of ``out``'s elements: ``encoding`` if given, else its dtype's."""
@@ -717,7 +720,7 @@ def _bfloat_step(loop: _SizedLoop, a: np.ndarray, operand: np.float32,
         if array.dtype not in _BFLOAT16_STORAGE or array.size != out.size:
             raise ValueError(f"{name} must hold {out.size} bfloat16, got {array.size} "
                              f"{array.dtype}")
-    loop(out.size, _flat(a).view(np.uint16), operand, _flat(out).view(np.uint16))
+    loop(out.size, _flat(a).view(_UINT16), operand, _flat(out).view(_UINT16))
 
 
 def abs_max(values: np.ndarray) -> tuple[float, bool]:
