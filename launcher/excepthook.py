@@ -15,10 +15,15 @@ It never imports mpi4py: it only looks for ``mpi4py.MPI`` among the loaded modul
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
+import stat
+import struct
 import sys
+import termios
+import time
 import traceback
 from collections.abc import Collection
 from types import TracebackType
@@ -28,6 +33,9 @@ from .rank_env import rank_identity
 
 REPORT_FD_VARIABLE = REPORT_FD.name
 """Set by the supervisor to a pipe on which the hook reports the exception."""
+
+READ_WAIT_SECONDS = 2.0
+"""How long an aborting rank waits for its output still in a pipe to be read."""
 
 _HIDDEN_MODULES = frozenset({"runpy"})
 _hidden_files: frozenset[str] = frozenset()
@@ -99,6 +107,28 @@ def _flush_standard_streams() -> None:
             pass
 
 
+def unread_bytes(descriptor: int) -> int:
+    """Bytes written to ``descriptor`` not yet read at the other end, if it is a pipe."""
+    try:
+        if not stat.S_ISFIFO(os.fstat(descriptor).st_mode):
+            return 0
+        return struct.unpack("i", fcntl.ioctl(descriptor, termios.FIONREAD, bytes(4)))[0]
+    except OSError:
+        return 0
+
+
+def wait_until_read(descriptors: tuple[int, ...] = (1, 2),
+                    seconds: float = READ_WAIT_SECONDS) -> None:
+    """Wait, at most ``seconds``, until what this process wrote to ``descriptors`` (its
+    standard output and error) through pipes has been read: mpiexec's proxy reads those
+    pipes, and once ``MPI_Abort`` makes it end the job, output still in them would be
+    lost (the traceback that says why the job stopped among it)."""
+    deadline = time.monotonic() + seconds
+    while any(unread_bytes(descriptor) for descriptor in descriptors) \
+            and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def _running_mpi():
     mpi = sys.modules.get("mpi4py.MPI")
     try:
@@ -121,6 +151,7 @@ def stop_job(exit_code: int) -> None:
     _flush_standard_streams()
     if is_supervised():
         os._exit(exit_code)
+    wait_until_read()
     mpi.COMM_WORLD.Abort(exit_code)
 
 

@@ -8,11 +8,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from ringtrain.launcher import command as command_module
+from ringtrain.launcher import excepthook
 from ringtrain.launcher import rank_env
 from ringtrain.launcher.cli import CommandLineError, kvstore_servers, parse_environment
 from ringtrain.launcher.command import (PYTHON_RUNNER_MODULE, SUPERVISOR_MODULE, CommandError,
@@ -476,3 +478,27 @@ def test_no_launcher_module_but_the_probe_imports_mpi4py_or_the_collectives(tmp_
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
     assert "rank" in modules and "job" in modules and "excepthook" in modules
+
+
+def test_an_aborting_rank_waits_until_its_output_in_a_pipe_is_read(tmp_path):
+    """Under plain mpiexec a rank's output goes through pipes its proxy reads; the rank
+    aborts only once they are read, or the traceback could be lost with the job."""
+    reading, writing = os.pipe()
+    try:
+        os.write(writing, b"the traceback")
+        assert excepthook.unread_bytes(writing) == len(b"the traceback")
+        reader = threading.Timer(0.2, os.read, (reading, 100))
+        reader.start()
+        excepthook.wait_until_read((writing,), seconds=30.0)
+        assert excepthook.unread_bytes(writing) == 0
+        reader.join()
+        os.write(writing, b"never read")
+        excepthook.wait_until_read((writing,), seconds=0.05)  # gives up, does not hang
+        assert excepthook.unread_bytes(writing) == len(b"never read")
+    finally:
+        os.close(reading)
+        os.close(writing)
+    with open(tmp_path / "log", "w") as file:
+        file.write("not a pipe")
+        file.flush()
+        assert excepthook.unread_bytes(file.fileno()) == 0
