@@ -18,6 +18,7 @@ from typing import Any
 
 import numba
 import numpy as np
+from numba.extending import register_jitable
 
 from . import float_bits, two_bit
 from .dtypes import BFLOAT16, BFLOAT16_ENCODING, encoding_of, is_floating
@@ -58,12 +59,31 @@ def _jit(function: Callable) -> Callable:
     return numba.njit(cache=True, nogil=True)(function)
 
 
-_half_from_float = _jit(float_bits.half_bits_from_float_bits)
-_float_from_half = _jit(float_bits.float_bits_from_half_bits)
-_bfloat_from_float = _jit(float_bits.bfloat_bits_from_float_bits)
+def _jitable(function: Callable) -> Callable:
+    """``function``, callable from compiled code (compiled for each caller, and inlined
+    there by the compiler's optimiser).
+
+    The loops below are closures over such functions, and the functions they call are
+    such functions too, never compiled ones: numba keys its disk cache of a closure by
+    its cells' contents pickled (a function made in a factory pickles with the globals
+    it uses), and a compiled function pickles differently in every process (a new
+    identifier), so a closure that reached one missed the cache and was compiled again
+    at every start (2-25 s per process). A plain function pickles the same everywhere."""
+    return register_jitable(function)
 
 
-_float_from_bfloat = _jit(float_bits.float_bits_from_bfloat_bits)
+def _jitable_copy(function: Callable) -> Callable:
+    """:func:`_jitable` on a copy of ``function`` (one shared with the GPU's kernels is
+    left as it is)."""
+    return _jitable(types.FunctionType(function.__code__, function.__globals__,
+                                       function.__name__, function.__defaults__,
+                                       function.__closure__))
+
+
+_half_from_float = _jitable_copy(float_bits.half_bits_from_float_bits)
+_float_from_half = _jitable_copy(float_bits.float_bits_from_half_bits)
+_bfloat_from_float = _jitable_copy(float_bits.bfloat_bits_from_float_bits)
+_float_from_bfloat = _jitable_copy(float_bits.float_bits_from_bfloat_bits)
 _quantize_word = _jit(two_bit.quantize_word)
 _dequantized = _jit(two_bit.dequantized)
 
@@ -80,16 +100,16 @@ def _parallel_twin(loop: Callable) -> Callable:
 
 
 class _SizedLoop:
-    """A loop compiled twice, serial and parallel, and called as the size warrants;
-    through ``entry(compiled loop, "serial" or "parallel")``, a compiled caller, if given."""
+    """A loop's serial and parallel forms, called as the size warrants."""
 
-    def __init__(self, loop: Callable,
-                 entry: Callable[[Callable, str], Callable] | None = None):
-        self.serial = numba.njit(cache=True, nogil=True)(loop)
-        self.parallel = numba.njit(cache=True, nogil=True, parallel=True)(_parallel_twin(loop))
-        if entry is not None:
-            self.serial, self.parallel = entry(self.serial, "serial"), \
-                entry(self.parallel, "parallel")
+    def __init__(self, serial: Callable, parallel: Callable):
+        self.serial, self.parallel = serial, parallel
+
+    @classmethod
+    def compiled(cls, loop: Callable) -> _SizedLoop:
+        """``loop`` compiled twice, serial and parallel."""
+        return cls(numba.njit(cache=True, nogil=True)(loop),
+                   numba.njit(cache=True, nogil=True, parallel=True)(_parallel_twin(loop)))
 
     def __call__(self, size: int, *args):
         if size >= PARALLEL_MIN_ELEMENTS and _host_threads > 1:
@@ -118,7 +138,7 @@ def _encoder(to_bits: Callable, from_bits: Callable, name: str) -> tuple[_SizedL
 
     encode.__qualname__ = f"encode_{name}"
     encode_feedback.__qualname__ = f"encode_{name}_feedback"
-    return _SizedLoop(encode), _SizedLoop(encode_feedback)
+    return _SizedLoop.compiled(encode), _SizedLoop.compiled(encode_feedback)
 
 
 def _decoder(from_bits: Callable, name: str) -> _SizedLoop:
@@ -131,7 +151,7 @@ def _decoder(from_bits: Callable, name: str) -> _SizedLoop:
                 out[i] = np.uint32(from_bits(wire[i])).view(np.float32) * scale
 
     decode.__qualname__ = f"decode_{name}"
-    return _SizedLoop(decode)
+    return _SizedLoop.compiled(decode)
 
 
 def _reducer(to_bits: Callable, from_bits: Callable, name: str) -> dict[int, _SizedLoop]:
@@ -168,7 +188,7 @@ def _reduce_loop(combine: Callable, name: str) -> _SizedLoop:
     The compiler vectorises a loop whose output is exactly one of its inputs, or overlaps
     neither, but falls back to one element at a time when ``out`` is an input under another
     name: the loop tells the cases apart by address and runs the form that fits."""
-    step = numba.njit(cache=True, nogil=True, inline="always")(combine)
+    step = _jitable(combine)
 
     def reduce(a, b, out):
         if out.ctypes.data == a.ctypes.data:
@@ -183,7 +203,7 @@ def _reduce_loop(combine: Callable, name: str) -> _SizedLoop:
 
     combine.__qualname__ = f"{combine.__name__}_{name}"
     reduce.__qualname__ = f"reduce_{combine.__name__}_{name}"
-    return _SizedLoop(reduce)
+    return _SizedLoop.compiled(reduce)
 
 
 _SIXTEEN = np.uint32(16)
@@ -199,7 +219,7 @@ _HALF_DOWN = np.uint32(0x7FFF)  # added below an even kept bit: a tie stays even
 # cost more than the arithmetic.
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@register_jitable
 def _rounded_wide(bits):
     """float32 ``bits`` rounded to the nearest bfloat16 (ties to even), which is the high
     half of the result (its low half is not cleared).
@@ -214,60 +234,66 @@ def _rounded_wide(bits):
 
 
 def _add_wide(x, y):
-    return _rounded_wide(np.float32(x.view(np.float32) + y.view(np.float32)).view(np.uint32))
+    return _rounded_wide(np.float32(np.uint32(x).view(np.float32) +
+                                    np.uint32(y).view(np.float32)).view(np.uint32))
 
 
 def _multiply_wide(x, y):
-    return _rounded_wide(np.float32(x.view(np.float32) * y.view(np.float32)).view(np.uint32))
+    return _rounded_wide(np.float32(np.uint32(x).view(np.float32) *
+                                    np.uint32(y).view(np.float32)).view(np.uint32))
 
 
 def _minimum_wide(x, y):  # min and max keep an operand's bits; NaN wins, as in numpy
-    a, b = x.view(np.float32), y.view(np.float32)
+    a, b = np.uint32(x).view(np.float32), np.uint32(y).view(np.float32)
     return x if (a <= b or a != a) else y
 
 
 def _maximum_wide(x, y):
-    a, b = x.view(np.float32), y.view(np.float32)
+    a, b = np.uint32(x).view(np.float32), np.uint32(y).view(np.float32)
     return x if (a >= b or a != a) else y
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@register_jitable
 def _low_wide(word):
     """The wide bits of a word's first bfloat16 (the low half, in little-endian memory)."""
     return np.uint32(word << _SIXTEEN)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@register_jitable
 def _high_wide(word):
     """The wide bits of a word's second bfloat16."""
     return np.uint32(word & _HIGH_HALF)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@register_jitable
 def _joined(low, high):
     """The word of two bfloat16 results, each the high half of ``low`` and ``high``."""
     return np.uint32((low >> _SIXTEEN) | (high & _HIGH_HALF))
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@register_jitable
 def _wide(bits):
     """The wide bits of one bfloat16."""
     return np.uint32(np.uint32(bits) << _SIXTEEN)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@register_jitable
 def _narrow(wide):
     """The bfloat16 whose bits are the high half of ``wide``."""
     return np.uint16(wide >> _SIXTEEN)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@register_jitable
 def _words(bits):
-    """The whole words of a uint16 array (all but an odd last element) as uint32.
-
-    Called outside the parallel loops: numba (0.68) compiles a parallel loop over a view
-    made in the same function so that its writes are lost."""
+    """The whole words of a uint16 array (all but an odd last element) as uint32."""
     return bits[:bits.size - bits.size % 2].view(np.uint32)
+
+
+def _host_words(bits: np.ndarray) -> np.ndarray:
+    """:func:`_words`, for the parallel loops, which take the views made here: numba
+    (0.68) compiles a parallel loop over a view made in the same function so that its
+    writes are lost."""
+    return bits[:bits.size - bits.size % 2].view(_UINT32)
 
 
 def _bfloat_reducer() -> dict[int, _SizedLoop]:
@@ -282,13 +308,12 @@ def _bfloat_reducer() -> dict[int, _SizedLoop]:
 def _bfloat_reduce_loop(combine: Callable, name: str) -> _SizedLoop:
     """The loop applying wide ``combine`` to bfloat16 bits into ``out``, which may be ``a``
     or ``b`` (told apart as in :func:`_reduce_loop`), a word at a time."""
-    step = numba.njit(cache=True, nogil=True, inline="always")(combine)
+    step = _jitable(combine)
 
     def combine_words(x, y):
         return _joined(step(_low_wide(x), _low_wide(y)), step(_high_wide(x), _high_wide(y)))
 
-    combine_words.__qualname__ = f"{name}_bfloat_words"
-    word = numba.njit(cache=True, nogil=True, inline="always")(combine_words)
+    word = _jitable(combine_words)
 
     def reduce_words(a, b, out):
         if out.ctypes.data == a.ctypes.data:
@@ -301,37 +326,44 @@ def _bfloat_reduce_loop(combine: Callable, name: str) -> _SizedLoop:
             for i in numba.prange(out.size):
                 out[i] = word(a[i], b[i])
 
-    def entry(words_loop: Callable, kind: str) -> Callable:
-        def reduce(a, b, out):
-            words_loop(_words(a), _words(b), _words(out))
-            if out.size % 2:
-                last = out.size - 1
-                out[last] = _narrow(step(_wide(a[last]), _wide(b[last])))
+    words_loop = _jitable(reduce_words)
 
-        reduce.__qualname__ = f"reduce_{name}_bfloat_{kind}"
-        return numba.njit(cache=True, nogil=True)(reduce)
+    def reduce(a, b, out):
+        words_loop(_words(a), _words(b), _words(out))
+        if out.size % 2:
+            last = out.size - 1
+            out[last] = _narrow(step(_wide(a[last]), _wide(b[last])))
 
+    combine_words.__qualname__ = f"{name}_bfloat_words"
     reduce_words.__qualname__ = f"reduce_{name}_bfloat_words"
-    return _SizedLoop(reduce_words, entry)
+    reduce.__qualname__ = f"reduce_{name}_bfloat"
+    serial = numba.njit(cache=True, nogil=True)(reduce)
+    in_parallel = numba.njit(cache=True, nogil=True, parallel=True)(
+        _parallel_twin(reduce_words))
+
+    def parallel(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+        in_parallel(_host_words(a), _host_words(b), _host_words(out))
+        if out.size % 2:
+            serial(a[-1:], b[-1:], out[-1:])
+
+    return _SizedLoop(serial, parallel)
 
 
 def _bfloat_loop(step: Callable, name: str) -> _SizedLoop:
     """The loop for ``out = step(a, factor)`` on bfloat16 bits, computed in float32 and
     rounded once, a word at a time; ``out`` may be ``a``."""
-    operation = numba.njit(cache=True, nogil=True, inline="always")(step)
+    operation = _jitable(step)
 
     def apply(wide, factor):
-        return _rounded_wide(np.float32(operation(wide.view(np.float32), factor))
+        return _rounded_wide(np.float32(operation(np.uint32(wide).view(np.float32), factor))
                              .view(np.uint32))
 
-    apply.__qualname__ = f"{name}_bfloat"
-    element = numba.njit(cache=True, nogil=True, inline="always")(apply)
+    element = _jitable(apply)
 
     def apply_words(x, factor):
         return _joined(element(_low_wide(x), factor), element(_high_wide(x), factor))
 
-    apply_words.__qualname__ = f"{name}_bfloat_words"
-    word = numba.njit(cache=True, nogil=True, inline="always")(apply_words)
+    word = _jitable(apply_words)
 
     def loop_words(a, factor, out):
         if out.ctypes.data == a.ctypes.data:
@@ -341,18 +373,27 @@ def _bfloat_loop(step: Callable, name: str) -> _SizedLoop:
             for i in numba.prange(out.size):
                 out[i] = word(a[i], factor)
 
-    def entry(words_loop: Callable, kind: str) -> Callable:
-        def loop(a, factor, out):
-            words_loop(_words(a), factor, _words(out))
-            if out.size % 2:
-                last = out.size - 1
-                out[last] = _narrow(element(_wide(a[last]), factor))
+    words_loop = _jitable(loop_words)
 
-        loop.__qualname__ = f"{name}_bfloat_loop_{kind}"
-        return numba.njit(cache=True, nogil=True)(loop)
+    def loop(a, factor, out):
+        words_loop(_words(a), factor, _words(out))
+        if out.size % 2:
+            last = out.size - 1
+            out[last] = _narrow(element(_wide(a[last]), factor))
 
+    apply.__qualname__ = f"{name}_bfloat"
+    apply_words.__qualname__ = f"{name}_bfloat_words"
     loop_words.__qualname__ = f"{name}_bfloat_loop_words"
-    return _SizedLoop(loop_words, entry)
+    loop.__qualname__ = f"{name}_bfloat_loop"
+    serial = numba.njit(cache=True, nogil=True)(loop)
+    in_parallel = numba.njit(cache=True, nogil=True, parallel=True)(_parallel_twin(loop_words))
+
+    def parallel(a: np.ndarray, factor: np.float32, out: np.ndarray) -> None:
+        in_parallel(_host_words(a), factor, _host_words(out))
+        if out.size % 2:
+            serial(a[-1:], factor, out[-1:])
+
+    return _SizedLoop(serial, parallel)
 
 
 def _times(x, factor):
@@ -387,7 +428,7 @@ def _abs_max_loop(bits, sign_clear, infinity, zero):
     return largest, nonfinite
 
 
-_abs_max = _SizedLoop(_abs_max_loop)
+_abs_max = _SizedLoop.compiled(_abs_max_loop)
 
 
 def _scale_as_float32(scale: float) -> np.float32:
@@ -508,8 +549,8 @@ def _scatter(source, indices, out):
         out[indices[j]] = source[j]
 
 
-_gather_loop = _SizedLoop(_gather)
-_scatter_loop = _SizedLoop(_scatter)
+_gather_loop = _SizedLoop.compiled(_gather)
+_scatter_loop = _SizedLoop.compiled(_scatter)
 
 
 def _scaled_copy(source: np.ndarray, scale: float, target: np.ndarray) -> None:
@@ -596,8 +637,8 @@ def _dequantize_2bit(words, out, threshold):
         out[i] = _dequantized(words, i, threshold)
 
 
-_quantize_2bit_loop = _SizedLoop(_quantize_2bit)
-_dequantize_2bit_loop = _SizedLoop(_dequantize_2bit)
+_quantize_2bit_loop = _SizedLoop.compiled(_quantize_2bit)
+_dequantize_2bit_loop = _SizedLoop.compiled(_dequantize_2bit)
 
 
 def quantize_2bit(gradient: np.ndarray, residual: np.ndarray, words: np.ndarray,
@@ -701,7 +742,8 @@ _BFLOAT16_STORAGE = (np.dtype(np.uint16), BFLOAT16)
 """What may hold bfloat16 bits: uint16 arrays (with ``encoding="bfloat16"``) and
 bfloat16 arrays."""
 
-_UINT16 = np.dtype(np.uint16)  # a dtype object: numpy converts np.uint16 at every use
+_UINT16 = np.dtype(np.uint16)  # dtype objects: numpy converts np.uint16 at every use
+_UINT32 = np.dtype(np.uint32)
 
 
 def _encoding(encoding: str | None, out: np.ndarray) -> str | None:

@@ -906,7 +906,9 @@ def test_set_host_threads_clamps(restore_host_threads):
 
 
 def test_every_host_kernel_compiles_to_the_disk_cache(tmp_path):
-    """numba warns, and compiles again at every start, when a function cannot be cached."""
+    """Compiled once, every kernel loads from numba's disk cache in the next process:
+    numba warns when a function cannot be cached, and compiles one again at every start
+    whose cache key differs between processes (a closure over a compiled function)."""
     probe = """
 import warnings
 import numpy as np
@@ -941,9 +943,14 @@ for threads in (1, 2):
         host.divide_into(b, 3, b, "bfloat16")
 print("cached")
 """
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0 and result.stdout.strip() == "cached", result.stderr[-3000:]
+    environment = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "NUMBA_DEBUG_CACHE": "1"}
+    runs = [subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           timeout=600, env=environment) for _ in range(2)]
+    for result in runs:
+        assert result.returncode == 0 and result.stdout.splitlines()[-1] == "cached", \
+            result.stderr[-3000:]
+    compiled_again = [line for line in runs[1].stdout.splitlines() if "data saved" in line]
+    assert not compiled_again, "\n".join(compiled_again)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
