@@ -93,8 +93,10 @@ def test_a_tuned_hierarchical_range_needs_ranks_on_several_nodes():
 def test_the_built_in_table_keeps_small_messages_and_uses_mpi_above():
     assert tuning.installed() is None
     small, big = tuning.SMALL_MESSAGE_BYTES, tuning.SMALL_MESSAGE_BYTES + 1
-    assert default_choice("allreduce", small, 4, SETTINGS) == "recursive_doubling"
-    assert default_choice("allreduce", big, 4, SETTINGS) == "native"
+    doubling = SETTINGS.recursive_doubling_max_bytes
+    assert doubling == 64 * 1024  # the payload rides in the agreement's messages
+    assert default_choice("allreduce", doubling, 4, SETTINGS) == "recursive_doubling"
+    assert default_choice("allreduce", doubling + 1, 4, SETTINGS) == "native"
     assert default_choice("allreduce", tuning.NATIVE_ALLREDUCE_MAX_BYTES + 1, 2,
                           SETTINGS) == "ring"
     assert default_choice("allreduce", 1 << 30, 3, SETTINGS) == "native"
