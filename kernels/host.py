@@ -183,14 +183,21 @@ def _reducer(to_bits: Callable, from_bits: Callable, name: str) -> dict[int, _Si
 
 
 def _reduce_loop(combine: Callable, name: str) -> _SizedLoop:
-    """The loop applying ``combine`` elementwise into ``out``, which may be ``a`` or ``b``.
+    """The loop applying ``combine`` elementwise into ``out``, which may be ``a`` or ``b``."""
+    reduce = _combining_loop(_jitable(combine))
+    combine.__qualname__ = f"{combine.__name__}_{name}"
+    reduce.__qualname__ = f"reduce_{combine.__name__}_{name}"
+    return _SizedLoop.compiled(reduce)
+
+
+def _combining_loop(step: Callable) -> Callable:
+    """The loop ``out[i] = step(a[i], b[i])``, where ``out`` may be ``a`` or ``b``.
 
     The compiler vectorises a loop whose output is exactly one of its inputs, or overlaps
     neither, but falls back to one element at a time when ``out`` is an input under another
     name: the loop tells the cases apart by address and runs the form that fits."""
-    step = _jitable(combine)
 
-    def reduce(a, b, out):
+    def loop(a, b, out):
         if out.ctypes.data == a.ctypes.data:
             for i in numba.prange(out.size):
                 out[i] = step(out[i], b[i])
@@ -201,9 +208,7 @@ def _reduce_loop(combine: Callable, name: str) -> _SizedLoop:
             for i in numba.prange(out.size):
                 out[i] = step(a[i], b[i])
 
-    combine.__qualname__ = f"{combine.__name__}_{name}"
-    reduce.__qualname__ = f"reduce_{combine.__name__}_{name}"
-    return _SizedLoop.compiled(reduce)
+    return loop
 
 
 _SIXTEEN = np.uint32(16)
@@ -307,25 +312,13 @@ def _bfloat_reducer() -> dict[int, _SizedLoop]:
 
 def _bfloat_reduce_loop(combine: Callable, name: str) -> _SizedLoop:
     """The loop applying wide ``combine`` to bfloat16 bits into ``out``, which may be ``a``
-    or ``b`` (told apart as in :func:`_reduce_loop`), a word at a time."""
+    or ``b``, a word at a time."""
     step = _jitable(combine)
 
     def combine_words(x, y):
         return _joined(step(_low_wide(x), _low_wide(y)), step(_high_wide(x), _high_wide(y)))
 
-    word = _jitable(combine_words)
-
-    def reduce_words(a, b, out):
-        if out.ctypes.data == a.ctypes.data:
-            for i in numba.prange(out.size):
-                out[i] = word(out[i], b[i])
-        elif out.ctypes.data == b.ctypes.data:
-            for i in numba.prange(out.size):
-                out[i] = word(a[i], out[i])
-        else:
-            for i in numba.prange(out.size):
-                out[i] = word(a[i], b[i])
-
+    reduce_words = _combining_loop(_jitable(combine_words))
     words_loop = _jitable(reduce_words)
 
     def reduce(a, b, out):
