@@ -224,7 +224,7 @@ _HALF_DOWN = np.uint32(0x7FFF)  # added below an even kept bit: a tie stays even
 # cost more than the arithmetic.
 
 
-@register_jitable
+@_jitable
 def _rounded_wide(bits):
     """float32 ``bits`` rounded to the nearest bfloat16 (ties to even), which is the high
     half of the result (its low half is not cleared).
@@ -258,47 +258,58 @@ def _maximum_wide(x, y):
     return x if (a >= b or a != a) else y
 
 
-@register_jitable
+@_jitable
 def _low_wide(word):
     """The wide bits of a word's first bfloat16 (the low half, in little-endian memory)."""
     return np.uint32(word << _SIXTEEN)
 
 
-@register_jitable
+@_jitable
 def _high_wide(word):
     """The wide bits of a word's second bfloat16."""
     return np.uint32(word & _HIGH_HALF)
 
 
-@register_jitable
+@_jitable
 def _joined(low, high):
     """The word of two bfloat16 results, each the high half of ``low`` and ``high``."""
     return np.uint32((low >> _SIXTEEN) | (high & _HIGH_HALF))
 
 
-@register_jitable
+@_jitable
 def _wide(bits):
     """The wide bits of one bfloat16."""
     return np.uint32(np.uint32(bits) << _SIXTEEN)
 
 
-@register_jitable
+@_jitable
 def _narrow(wide):
     """The bfloat16 whose bits are the high half of ``wide``."""
     return np.uint16(wide >> _SIXTEEN)
 
 
-@register_jitable
+@_jitable
 def _words(bits):
     """The whole words of a uint16 array (all but an odd last element) as uint32."""
     return bits[:bits.size - bits.size % 2].view(np.uint32)
 
 
-def _host_words(bits: np.ndarray) -> np.ndarray:
-    """:func:`_words`, for the parallel loops, which take the views made here: numba
-    (0.68) compiles a parallel loop over a view made in the same function so that its
-    writes are lost."""
-    return bits[:bits.size - bits.size % 2].view(_UINT32)
+def _in_words(loop: Callable, words_loop: Callable) -> _SizedLoop:
+    """The serial and parallel forms of a bfloat16 loop ``loop(a, operand, out)`` (the
+    operand: ``b``, or a factor) that runs ``words_loop`` over the whole words and
+    takes an odd last element itself. The parallel form takes views made here and the
+    last element from the serial one: numba (0.68) compiles a parallel loop over a view
+    made in the same function so that its writes are lost."""
+    serial = numba.njit(cache=True, nogil=True)(loop)
+    in_parallel = numba.njit(cache=True, nogil=True, parallel=True)(_parallel_twin(words_loop))
+
+    def parallel(a: np.ndarray, operand: Any, out: np.ndarray) -> None:
+        array = isinstance(operand, np.ndarray)
+        in_parallel(_words(a), _words(operand) if array else operand, _words(out))
+        if out.size % 2:
+            serial(a[-1:], operand[-1:] if array else operand, out[-1:])
+
+    return _SizedLoop(serial, parallel)
 
 
 def _bfloat_reducer() -> dict[int, _SizedLoop]:
@@ -330,16 +341,7 @@ def _bfloat_reduce_loop(combine: Callable, name: str) -> _SizedLoop:
     combine_words.__qualname__ = f"{name}_bfloat_words"
     reduce_words.__qualname__ = f"reduce_{name}_bfloat_words"
     reduce.__qualname__ = f"reduce_{name}_bfloat"
-    serial = numba.njit(cache=True, nogil=True)(reduce)
-    in_parallel = numba.njit(cache=True, nogil=True, parallel=True)(
-        _parallel_twin(reduce_words))
-
-    def parallel(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-        in_parallel(_host_words(a), _host_words(b), _host_words(out))
-        if out.size % 2:
-            serial(a[-1:], b[-1:], out[-1:])
-
-    return _SizedLoop(serial, parallel)
+    return _in_words(reduce, reduce_words)
 
 
 def _bfloat_loop(step: Callable, name: str) -> _SizedLoop:
@@ -378,15 +380,7 @@ def _bfloat_loop(step: Callable, name: str) -> _SizedLoop:
     apply_words.__qualname__ = f"{name}_bfloat_words"
     loop_words.__qualname__ = f"{name}_bfloat_loop_words"
     loop.__qualname__ = f"{name}_bfloat_loop"
-    serial = numba.njit(cache=True, nogil=True)(loop)
-    in_parallel = numba.njit(cache=True, nogil=True, parallel=True)(_parallel_twin(loop_words))
-
-    def parallel(a: np.ndarray, factor: np.float32, out: np.ndarray) -> None:
-        in_parallel(_host_words(a), factor, _host_words(out))
-        if out.size % 2:
-            serial(a[-1:], factor, out[-1:])
-
-    return _SizedLoop(serial, parallel)
+    return _in_words(loop, loop_words)
 
 
 def _times(x, factor):
@@ -735,8 +729,7 @@ _BFLOAT16_STORAGE = (np.dtype(np.uint16), BFLOAT16)
 """What may hold bfloat16 bits: uint16 arrays (with ``encoding="bfloat16"``) and
 bfloat16 arrays."""
 
-_UINT16 = np.dtype(np.uint16)  # dtype objects: numpy converts np.uint16 at every use
-_UINT32 = np.dtype(np.uint32)
+_UINT16 = np.dtype(np.uint16)  # a dtype object: numpy converts np.uint16 at every use
 
 
 def _encoding(encoding: str | None, out: np.ndarray) -> str | None:
