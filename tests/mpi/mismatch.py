@@ -153,6 +153,22 @@ def shape_mismatch_across_the_auto_threshold():
     library_still_works()
 
 
+@check(min_size=2)
+def shape_mismatch_across_the_default_auto_threshold():
+    """The built-in table's own threshold (64 KiB): one rank's payload rides with the
+    check, the other's is too big to and goes by MPI's own; every rank gets the error."""
+    limit = rt.current_settings().recursive_doubling_max_bytes // 4
+    shapes = last_differs((limit,), (limit + 1,))
+    algorithms = last_differs("recursive_doubling", "native")
+    with configured(allreduce_algorithm="auto"):
+        expect_mismatch(lambda: rt.allreduce(np.ones(mine(shapes), np.float32), rt.Sum,
+                                             name="default edge"),
+                        collective="allreduce", name="default edge",
+                        differences={"shape": shapes, "algorithm": algorithms,
+                                     "segment_bytes": last_differs(segment_bytes(), None)})
+    library_still_works()
+
+
 @check(min_size=3)
 def every_rank_a_different_shape():
     k = rt.size()
