@@ -92,8 +92,8 @@ class Activity:
 
     def enter(self, world_ranks: tuple[int, ...], fields: dict[str, Any]) -> None:
         """This rank starts a collective's agreement."""
-        number = self.entered_on.get(world_ranks, 0) + 1
-        self.entered_on[world_ranks] = number
+        entered = self.entered_on
+        number = entered[world_ranks] = entered.get(world_ranks, 0) + 1
         self.current = Entry(number, world_ranks, fields, time.monotonic())
 
     def resume(self, entry: Entry | None) -> None:

@@ -36,11 +36,14 @@ bytes on every rank whatever the local settings, so a rank sending a different s
 still cannot overflow its partner, and payloads are combined only when the headers
 agree.
 
-The exchange runs as compiled code that calls the MPI library itself
-(:mod:`._compiled_exchange`), where it can: then the agreement, payload included, costs
-what ``MPI_Sendrecv`` steps do, which at 2 ranks is what the MPI library's own small
-allreduce costs. Handing the payload to ``MPI_Allreduce`` with a user-defined reduction
-would not be faster, and it could not bound what a mismatched rank sends.
+The exchange runs as compiled code (:mod:`._compiled_exchange`) where it can, and its
+messages pass through shared memory where all the group's ranks share a node
+(:mod:`._mailboxes`), else through the MPI library's own point-to-point calls. Over
+shared memory a step costs a copy and a cache line's trip between cores, less than the
+MPI library's own small allreduce; a small allreduce (:class:`CarriedReduction`) is then
+one compiled call. Handing the payload to ``MPI_Allreduce`` with a user-defined
+reduction would cost what that call costs, and it could not bound what a mismatched rank
+sends.
 """
 
 from __future__ import annotations
@@ -54,15 +57,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
+from ..kernels import is_floating, scale_into
 from ..kernels.reduction import Combine
-from . import _name_matching, _recursive_doubling
+from . import _name_matching, _recursive_doubling, timeline
 from ._activity import ACTIVITY
-from ._compiled_exchange import (HEADERS, HEADERS_IF_DIFFERENT, PAYLOADS, CompiledExchange,
-                                 compiled_exchange, payload_code)
+from ._compiled_exchange import (DIFFERENT, HEADERS, HEADERS_IF_DIFFERENT, PAYLOADS,
+                                 CompiledExchange, compiled_exchange, payload_code)
+from ._data_phase import Finisher
 from ._tracing import phase
 from ._executor import MAIN_THREAD, TURN
 from ._group import Group
+from ._mailboxes import mailboxes_of
 from ._name_matching import Order
 from ._world import world
 from .errors import ABSENT, MismatchError, UsageError, format_ranks, subject
@@ -92,10 +99,11 @@ class Call:
         signature: a 62-bit digest of the fields, the same on every rank and every run.
         header_bytes: this call's signature fields, ``[signature, -signature]`` as int64.
         fresh_header: the whole header this call starts its exchange with.
+        fresh_array: ``fresh_header`` as a (read-only) uint8 array.
     """
 
-    __slots__ = ("fields", "signature", "header_bytes", "fresh_header", "threaded",
-                 "_by_thread")
+    __slots__ = ("fields", "signature", "header_bytes", "fresh_header", "fresh_array",
+                 "threaded", "_by_thread")
 
     def __new__(cls, **fields: Any) -> Call:
         try:
@@ -121,6 +129,7 @@ class Call:
         self.signature = int.from_bytes(digest, "little") & _SIGNATURE_MASK
         self.header_bytes = struct.pack("<2q", self.signature, -self.signature)
         self.fresh_header = self.header_bytes + _NO_RANGE.tobytes()
+        self.fresh_array = np.frombuffer(self.fresh_header, np.uint8)
         self.threaded = fields.get("name") is None and "thread" not in fields and \
             _carries_data(fields.get("collective", ""))
         self._by_thread: dict[str, Call] = {}
@@ -163,10 +172,12 @@ _NO_RANGE = np.array([0, _NO_RANK, _NO_RANK], np.int64)
 class _Buffers:
     """The agreement's message buffers of one group, allocated once, the typed views of
     their payload areas (kept per dtype and length: a small call's views are made once),
-    and the group's compiled exchange (None: the Python one)."""
+    the group's compiled exchange (None: the Python one), and what the Python exchange's
+    messages travel on (the group's mailboxes, else its communicator)."""
 
-    def __init__(self, compiled: CompiledExchange | None) -> None:
+    def __init__(self, compiled: CompiledExchange | None, transport: Any) -> None:
         self.compiled = compiled
+        self.transport = transport
         self.message = np.empty(HEADER_BYTES + PAYLOAD_CAPACITY, np.uint8)
         self.receive = np.empty(HEADER_BYTES + PAYLOAD_CAPACITY, np.uint8)
         self.header = self.message[:HEADER_BYTES].view(np.int64)
@@ -217,7 +228,8 @@ def _buffers_of(group: Group) -> _Buffers:
     buffers = group.state.get("agreement")
     if buffers is None:
         buffers = group.state["agreement"] = _Buffers(
-            compiled_exchange(group, SIGNATURE_BYTES, HEADER_BYTES))
+            compiled_exchange(group, SIGNATURE_BYTES, HEADER_BYTES),
+            mailboxes_of(group) or group.comm)
     return buffers
 
 
@@ -275,6 +287,85 @@ def agree_carrying(group: Group, call: Call, dtype: np.dtype, count: int,
         group, made, buffers, buffers.payload(dtype, count), fill, combine))
 
 
+class CarriedReduction:
+    """A small allreduce whose payload rides in the agreement (:func:`agree_carrying`),
+    set up once for one kind of call: ``count`` elements of ``dtype`` combined by
+    ``combine``, then finished by ``finish`` (None: nothing to do).
+
+    Where the group has the compiled exchange and it combines ``dtype`` by ``combine``,
+    a call is one call of machine code: it fills the message, exchanges, checks the
+    signatures and writes the finished result. Otherwise the payload takes
+    :func:`agree_carrying`'s steps. The results are the same either way.
+    """
+
+    __slots__ = ("group", "call", "_buffers", "_views", "_combine", "_finish", "_reduce",
+                 "_factors", "_prescale", "_floating")
+
+    def __init__(self, group: Group, call: Call, dtype: np.dtype, count: int,
+                 combine: Combine, finish: Finisher | None):
+        self.group, self.call = group, call
+        self._buffers = buffers = _buffers_of(group)
+        self._views = buffers.payload(dtype, count)
+        self._combine, self._finish = combine, finish
+        code = None if buffers.compiled is None else payload_code(dtype, combine)
+        self._reduce = None if code is None else buffers.compiled.reduction(
+            buffers.message, self._views.message.nbytes, buffers.receive, code)
+        divisor, postscale = (1, 1.0) if finish is None else \
+            (finish.divisor, finish.postscale_factor)
+        self._factors = np.array([1.0, divisor, postscale]).astype(dtype)
+        self._prescale = 1.0
+        self._floating = is_floating(dtype)
+
+    def run(self, source: np.ndarray, result: np.ndarray, prescale_factor: float) -> None:
+        """Agree on the call while allreducing C-contiguous ``source`` (multiplied by
+        ``prescale_factor``) into C-contiguous ``result`` (may be ``source``).
+
+        Raises:
+            MismatchError: on every rank, when any rank's call differs.
+        """
+        if source.ndim != 1:
+            source, result = source.reshape(-1), result.reshape(-1)
+        call = _enter(self.group, self.call)
+        try:
+            if timeline.ACTIVE is None:  # no phase to record: no context to enter
+                agreed = self._step(call, source, result, prescale_factor)
+            else:
+                with phase("wait for ranks"):
+                    agreed = self._step(call, source, result, prescale_factor)
+            if agreed is _DIFFERENT:
+                with phase("wait for ranks"):
+                    _until_agreed(self.group, call, self._buffers,
+                                  lambda _, made: self._step(made, source, result,
+                                                             prescale_factor),
+                                  agreed)
+        finally:
+            ACTIVITY.agreed()
+
+    def _step(self, call: Call, source: np.ndarray, result: np.ndarray,
+              prescale_factor: float) -> Any:
+        """One exchange: ``result``, or ``_DIFFERENT`` when some rank's call differs."""
+        reduce = self._reduce
+        if reduce is not None and (prescale_factor == 1.0 or self._floating):
+            if prescale_factor != self._prescale:
+                self._factors[0] = self._prescale = prescale_factor
+            status = reduce(call.fresh_array, self._factors, source, result)
+            if status == 0:
+                return result
+            if status == DIFFERENT:
+                return _DIFFERENT
+            raise MPI.Exception(status)
+        combined = _exchange_carrying(self.group, call, self._buffers, self._views,
+                                      lambda data: scale_into(source, prescale_factor, data),
+                                      self._combine)
+        if combined is _DIFFERENT:
+            return combined
+        if self._finish is None:
+            np.copyto(result, combined)
+        else:
+            self._finish.into(combined, result)
+        return result
+
+
 def agree_gathering(group: Group, call: Call, words: np.ndarray,
                     data: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
     """Check that every rank made the same call while gathering ``words`` (int64, as
@@ -324,16 +415,22 @@ def _agreed(group: Group, call: Call, exchange: Callable[[_Buffers, Call], Any])
     buffers = _buffers_of(group)
     try:
         with phase("wait for ranks"):
-            agreed = exchange(buffers, call)
-            disagreeing_since = None
-            while agreed is _DIFFERENT:
-                now = time.monotonic()
-                disagreeing_since = disagreeing_since or now
-                _resolve_mismatch(group, call, now - disagreeing_since)
-                agreed = exchange(buffers, call)
-            return agreed
+            return _until_agreed(group, call, buffers, exchange, exchange(buffers, call))
     finally:
         ACTIVITY.agreed()
+
+
+def _until_agreed(group: Group, call: Call, buffers: _Buffers,
+                  exchange: Callable[[_Buffers, Call], Any], agreed: Any) -> Any:
+    """Resolve the mismatches (see :func:`resolve`) and run ``exchange`` again until
+    ``agreed``, what the last exchange returned, is not ``_DIFFERENT``; return it."""
+    disagreeing_since = None
+    while agreed is _DIFFERENT:
+        now = time.monotonic()
+        disagreeing_since = disagreeing_since or now
+        _resolve_mismatch(group, call, now - disagreeing_since)
+        agreed = exchange(buffers, call)
+    return agreed
 
 
 def agree_joined(group: Group, call: Call) -> list[dict[str, Any]] | None:
@@ -394,7 +491,8 @@ def _exchange_carrying(group: Group, call: Call, buffers: _Buffers, views: _Payl
             else:
                 buffers.combine_headers()
 
-        _recursive_doubling.exchange(group, views.message, buffers.receive, fold)
+        _recursive_doubling.exchange(group, views.message, buffers.receive, fold,
+                                     buffers.transport)
     return data if signature == call.header_bytes else _DIFFERENT
 
 
@@ -408,7 +506,7 @@ def _exchange_headers(group: Group, buffers: _Buffers, every_step: bool) -> None
     else:
         _recursive_doubling.exchange(group, buffers.alone, buffers.receive,
                                      buffers.combine_headers if every_step
-                                     else buffers.combine_differing)
+                                     else buffers.combine_differing, buffers.transport)
 
 
 def _resolve_mismatch(group: Group, call: Call, waited: float) -> None:

@@ -12,12 +12,12 @@ import numpy as np
 from ..kernels import Compression, Compressor
 from ._allreduce_run import reduce_grouped, reduce_planned
 from ._buffers import device_tensor, results_like, returns_itself
-from ._calls import collective_call
+from ._calls import collective_call, run_validated
 from ._checks import flat, in_place_array, input_array
 from ._executor import Handle
 from ._placement import memory_for
 from ._ops import ReduceOp
-from ._plans import GroupedCall, allreduce_plan
+from ._plans import GroupedCall, allreduce_plan, kept_allreduce_plan
 from ._process_sets import ProcessSet
 from ._result_pool import RESULTS
 from .errors import InvalidArgumentError, subject
@@ -60,6 +60,14 @@ def allreduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | N
         InvalidArgumentError, UnsupportedDtypeError: bad arguments, before any
             communication.
     """
+    if type(tensor) is np.ndarray:  # a small call made before runs as planned then
+        plan = kept_allreduce_plan(tensor, op, name, prescale_factor, postscale_factor,
+                                   process_set, algorithm, compression, "allreduce")
+        if plan is not None and plan.carried is not None and tensor.flags.c_contiguous:
+            output = np.empty(tensor.shape, tensor.dtype)
+            run_validated("allreduce", name, process_set, plan.carried.run, tensor, output,
+                          prescale_factor)
+            return output
     return collective_call("allreduce", name, process_set,
                            lambda: prepare(tensor, op, name, prescale_factor, postscale_factor,
                                            process_set, algorithm, compression, in_place=False),
@@ -72,6 +80,15 @@ def allreduce_(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | 
                algorithm: str | None = None,
                compression: Compressor = Compression.none) -> np.ndarray:
     """In-place :func:`allreduce`: ``tensor`` receives the result and is returned."""
+    if type(tensor) is np.ndarray:
+        plan = kept_allreduce_plan(tensor, op, name, prescale_factor, postscale_factor,
+                                   process_set, algorithm, compression, "allreduce_")
+        flags = tensor.flags
+        if plan is not None and plan.carried is not None and flags.c_contiguous and \
+                flags.writeable:
+            run_validated("allreduce_", name, process_set, plan.carried.run, tensor, tensor,
+                          prescale_factor)
+            return tensor
     return collective_call("allreduce_", name, process_set,
                            lambda: prepare(tensor, op, name, prescale_factor, postscale_factor,
                                            process_set, algorithm, compression, in_place=True),

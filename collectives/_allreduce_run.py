@@ -8,11 +8,9 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 
 from ..kernels import Compressor, FusionLayout, abs_max, pack, reducer, unpack
-from ..kernels.host import scale_into
-from ._agreement import ValueRange, agree, agree_carrying
+from ._agreement import ValueRange, agree
 from ._data_phase import finisher, hierarchical_wire, reduce_hierarchical
 from ._group import Group
 from ._memory import HOST, HostMemory
@@ -34,14 +32,8 @@ def reduce_planned(plan: AllreducePlan, collective: str, name: str | None, sourc
     Host arrays, or device memory on GPU ``ordinal`` (made current by the caller) as the
     plan's ``memory`` says. The scale factors must be those the plan was made with.
     """
-    if plan.carried:
-        combined = agree_carrying(plan.group, plan.call, source.dtype, source.size,
-                                  lambda data: scale_into(source, prescale_factor, data),
-                                  plan.combine)
-        if plan.finish is None:
-            np.copyto(result, combined)
-        else:
-            plan.finish.into(combined, result)
+    if plan.carried is not None:
+        plan.carried.run(source, result, prescale_factor)
         return
     memory = memory_for(plan.memory, ordinal)
     if plan.compressor is not None:

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 
 from . import _broadcast_algorithms, _hierarchical, _native
-from ._agreement import BYTES, PAYLOAD_CAPACITY, Call, agree, agree_carrying
+from ._agreement import BYTES, PAYLOAD_CAPACITY, Call, CarriedReduction, agree
 from ._buffers import device_tensor, results_like, returns_itself
-from ._calls import collective_call
+from ._calls import collective_call, run_validated
 from ._checks import flat, in_place_array, input_array, root_in_group
 from ._executor import Handle
 from ._group import Group
@@ -40,6 +40,13 @@ def broadcast(tensor: np.ndarray, root_rank: int, name: str | None = None,
     Raises:
         MismatchError: ranks passed different shapes, dtypes, roots or names.
     """
+    if type(tensor) is np.ndarray:  # a small call made before runs as planned then
+        plan = _PLANS.get(_key("broadcast", False, tensor, root_rank, name, process_set,
+                               algorithm), process_set, "broadcast", name)
+        if plan is not None and plan.carried is not None and tensor.flags.c_contiguous:
+            output = np.empty(tensor.shape, tensor.dtype)
+            run_validated("broadcast", name, process_set, _carried, plan, tensor, output)
+            return output
     return collective_call("broadcast", name, process_set,
                            lambda: _prepare(tensor, root_rank, name, process_set, algorithm,
                                             in_place=False),
@@ -111,6 +118,9 @@ class _BroadcastPlan:
         chosen: the algorithm (``native`` for device memory handed to MPI).
         inner: the schedule of a hierarchical broadcast, between and inside the nodes.
         call: the signature the ranks compare.
+        carried: how a small host array travels in the agreement's messages (the
+            root's bytes or'ed with the others' zeros), or None.
+        zeros: what the ranks other than the root contribute to ``carried``.
     """
 
     def __init__(self, array: Any, root_rank: Any, name: str | None,
@@ -120,6 +130,7 @@ class _BroadcastPlan:
         self.settings = settings = current_settings()
         self.group = group = resolve_group(process_set, collective, name)
         self.root = root_in_group(group, root_rank, collective, name)
+        self.carried: CarriedReduction | None = None
         if on_device:
             self.layout, self.chosen, self.inner = None, "native", ""
             self.call = Call(collective="broadcast", name=name, root_rank=int(root_rank),
@@ -138,6 +149,10 @@ class _BroadcastPlan:
                          if chosen == "pipeline" or hierarchical else None,
                          **({"layout": layout.describe(), "schedule": self.inner}
                             if hierarchical else {}))
+        if chosen == "recursive_doubling" and array.nbytes <= PAYLOAD_CAPACITY:
+            self.carried = CarriedReduction(group, self.call, BYTES, array.nbytes,
+                                            np.bitwise_or, None)
+            self.zeros = np.zeros(0 if group.rank == self.root else array.nbytes, np.uint8)
 
 
 _PLANS: PlanCache[_BroadcastPlan] = PlanCache()
@@ -153,8 +168,8 @@ def _prepare(tensor: Any, root_rank: Any, name: str | None, process_set: Process
             array, root_rank, name, process_set, algorithm, in_place))
     array = on_device if on_device is not None else \
         (in_place_array if in_place else input_array)(tensor, collective, name)
-    key = (collective, on_device is not None, array.shape, array.dtype, type(root_rank),
-           root_rank, name, process_set, algorithm)
+    key = _key(collective, on_device is not None, array, root_rank, name, process_set,
+               algorithm)
     plan = _PLANS.get(key, process_set, collective, name) or _PLANS.keep(key, _BroadcastPlan(
         array, root_rank, name, process_set, algorithm, collective, on_device is not None))
     group, root, call, chosen = plan.group, plan.root, plan.call, plan.chosen
@@ -164,8 +179,16 @@ def _prepare(tensor: Any, root_rank: Any, name: str | None, process_set: Process
     else:
         memory, source, owner = HOST, array, array
 
-    if chosen == "recursive_doubling" and array.nbytes <= PAYLOAD_CAPACITY:
-        return lambda: _carried(group, call, array, root, in_place)
+    if plan.carried is not None:
+        def run_carried() -> np.ndarray:
+            output = array if in_place and array.flags.c_contiguous else \
+                np.empty(array.shape, array.dtype)
+            _carried(plan, array, output)
+            if in_place and output is not array:
+                array[...] = output
+            return array if in_place else output
+
+        return run_carried
 
     def run() -> Any:
         with memory.entered(*([] if on_device is None else [on_device])):
@@ -187,16 +210,15 @@ def _prepare(tensor: Any, root_rank: Any, name: str | None, process_set: Process
     return run
 
 
-def _carried(group: Group, call: Call, array: np.ndarray, root: int, in_place: bool) -> Any:
-    """A small broadcast in the agreement's own messages: the root's bytes or'ed with
-    the others' zeros."""
-    def fill(data: np.ndarray) -> None:
-        if group.rank == root:
-            np.copyto(data, flat(array).view(np.uint8))
-        else:
-            data.fill(0)
+def _key(collective: str, on_device: bool, array: Any, root_rank: Any, name: str | None,
+         process_set: ProcessSet | None, algorithm: str | None) -> tuple:
+    """What a broadcast's plan is kept by."""
+    return (collective, on_device, array.shape, array.dtype, type(root_rank), root_rank, name,
+            process_set, algorithm)
 
-    received = agree_carrying(group, call, BYTES, array.nbytes, fill, np.bitwise_or)
-    output = array if in_place else np.empty(array.shape, array.dtype)
-    output[...] = received.view(array.dtype).reshape(array.shape)
-    return output
+
+def _carried(plan: _BroadcastPlan, array: np.ndarray, output: np.ndarray) -> None:
+    """A small broadcast in the agreement's own messages, into C-contiguous ``output``."""
+    source = array.reshape(-1).view(np.uint8) if plan.group.rank == plan.root \
+        else plan.zeros
+    plan.carried.run(source, output.reshape(-1).view(np.uint8), 1.0)

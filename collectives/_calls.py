@@ -36,17 +36,15 @@ def execute(collective: str, name: str | None, body: Callable[[], Any],
     """
     if restore is not None:
         body = _restored(body, restore)
-    executor = world().executor
-    arguments = (collective, name, body)
-    match_key = None if name is None else (name, process_set)
     if not asynchronous:
-        return executor.run(_guarded, arguments, collective, name, match_key)
+        return run_validated(collective, name, process_set, body)
     if not mpi_thread_serialized():
         raise RingtrainError(
             f"{subject(collective + '_async', name)}: MPI was initialized without "
             f"thread support (MPI_THREAD_SERIALIZED or better is needed); leave "
             f"mpi4py.rc.thread_level at its default 'multiple'")
-    return executor.submit(_guarded, arguments, collective, name, match_key)
+    return world().executor.submit(_guarded, (collective, name, body), collective, name,
+                                   None if name is None else (name, process_set))
 
 
 def collective_call(collective: str, name: str | None, process_set: ProcessSet | None,
@@ -96,27 +94,44 @@ def _refusal(collective: str, name: str | None, process_set: ProcessSet | None,
     return refuse
 
 
+def run_validated(collective: str, name: str | None, process_set: ProcessSet | None,
+                  body: Callable[..., Any], *args: Any) -> Any:
+    """Run ``body(*args)``, a blocking call already validated, in program order (as
+    :func:`execute` runs a blocking call's body); return its result."""
+    executor = world().executor
+    match_key = None if name is None else (name, process_set)
+    if timeline.ACTIVE is None and not LOGGER.isEnabledFor(logging.DEBUG):
+        try:
+            return executor.run(body, args, collective, name, match_key)
+        except MPI.Exception as error:
+            raise _failed(collective, name, error) from error
+    return executor.run(_guarded, (collective, name, body, *args), collective, name,
+                        match_key)
+
+
 def _restored(body: Callable[[], Any], restore: Restore) -> Callable[[], Any]:
     return lambda: restore(body())
 
 
-def _guarded(collective: str, name: str | None, body: Callable[[], Any]) -> Any:
+def _guarded(collective: str, name: str | None, body: Callable[..., Any], *args: Any) -> Any:
+    """``body(*args)``, traced on the timeline and logged where they are on, its MPI
+    errors named."""
     line = timeline.ACTIVE
     if line is None and not LOGGER.isEnabledFor(logging.DEBUG):
         try:
-            return body()
+            return body(*args)
         except MPI.Exception as error:
             raise _failed(collective, name, error) from error
     if line is not None:
         with call_span(line, collective, name):
-            return _logged(collective, name, body)
-    return _logged(collective, name, body)
+            return _logged(collective, name, body, args)
+    return _logged(collective, name, body, args)
 
 
-def _logged(collective: str, name: str | None, body: Callable[[], Any]) -> Any:
+def _logged(collective: str, name: str | None, body: Callable[..., Any], args: tuple) -> Any:
     before, start = ACTIVITY.last, time.perf_counter()
     try:
-        return body()
+        return body(*args)
     except MPI.Exception as error:
         raise _failed(collective, name, error) from error
     finally:

@@ -1,14 +1,19 @@
 """The agreement's exchange in machine code: one call of a Numba-compiled function runs the
-whole recursive-doubling schedule of :func:`._recursive_doubling.exchange`, calling the
-MPI library's own ``MPI_Sendrecv``, ``MPI_Send`` and ``MPI_Recv``
-(:mod:`._native_calls`), and between the steps compares the signatures and combines the
-headers or the payloads without returning to Python.
+whole recursive-doubling schedule of :func:`._recursive_doubling.exchange` and between
+the steps compares the signatures and combines the headers or the payloads without
+returning to Python. The messages travel through the group's shared-memory mailboxes
+(:mod:`._mailboxes`) where it has them, else through the MPI library's own
+``MPI_Sendrecv``, ``MPI_Send`` and ``MPI_Recv`` (:mod:`._native_calls`).
 
 The messages, tags and rule of combining are the Python exchange's, so ranks may use
 either; ``RINGTRAIN_COMPILED_EXCHANGE=0`` turns this one off. The Python exchange spends
-a few microseconds of interpreter time around each MPI call; this one costs what
-``MPI_Sendrecv`` does. It releases the GIL while it runs, as mpi4py's blocking calls do,
+a few microseconds of interpreter time around each message; this one costs what moving
+the messages does. It releases the GIL while it runs, as mpi4py's blocking calls do,
 so the stall inspector's thread runs while it waits.
+
+A small allreduce is one compiled call (:meth:`CompiledExchange.reduction`): it fills
+the message from the caller's array, exchanges, checks the signatures and writes the
+finished result.
 
 Payloads combine here by the operations numpy's ufuncs perform (``np.add``,
 ``np.minimum``, ``np.maximum``, ``np.multiply`` on the dtypes below, each dtype compiled
@@ -17,9 +22,9 @@ minimum or maximum of +0 and -0 is -0 or +0 whatever the operands' order (numpy 
 its second operand on a tie), so that the ranks' results are bit-identical. Other
 combinations (16-bit floats) take the Python exchange.
 """
-
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numba
@@ -27,7 +32,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ._group import Group
-from ._native_calls import MpiFunctions, call_c, mpi_functions
+from ._mailboxes import NO_BOXES, mailbox_receive, mailbox_send, mailboxes_of
+from ._native_calls import MpiFunctions, call_c, mpi_functions, void_pointer
 from ._recursive_doubling import TAG, schedule_of
 
 HEADERS_IF_DIFFERENT = 0
@@ -36,6 +42,8 @@ HEADERS = 1
 """Combine the headers at every step."""
 PAYLOADS = 2
 """Combine the payloads when the signatures are equal, else the headers."""
+DIFFERENT = -1
+"""What :func:`_reduce` returns when some rank's signature differed (nothing was reduced)."""
 
 _OPS: dict[Callable, int] = {np.add: 0, np.minimum: 1, np.maximum: 2, np.multiply: 3}
 _BITWISE_OR = -1
@@ -44,8 +52,8 @@ _DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int8, np.ui
 _NO_PAYLOAD = np.empty(0, np.uint8)
 
 # Words of the per-group state array (int64); an MPI_Status follows them.
-_SENDRECV, _SEND, _RECV, _FOLDED_INTO, _FOLDED_FROM, _SIGNATURE_BYTES, _HEADER_WORDS, \
-    _PARTNER_COUNT, _PARTNERS = range(9)
+_SENDRECV, _SEND, _RECV, _YIELD, _FOLDED_INTO, _FOLDED_FROM, _SIGNATURE_BYTES, \
+    _HEADER_WORDS, _PARTNER_COUNT, _PARTNERS = range(10)
 
 
 def payload_code(dtype: np.dtype, combine: Callable) -> int | None:
@@ -105,38 +113,114 @@ def _fold(state, message, receive, mode: int, op: int, mine, received) -> None:
 
 
 @numba.njit(cache=True, nogil=True)
-def _exchange(state, comm, byte, message, length: int, receive, mode: int, op: int,
-              mine, received) -> int:
+def _send(state, comm, byte, boxes, counters, peer: int, message, length: int) -> int:
+    if boxes.size:
+        mailbox_send(boxes, counters, peer, message, length, state[_YIELD])
+        return 0
+    return call_c(state[_SEND], (message.ctypes.data, np.int32(length), byte,
+                                 np.int32(peer), np.int32(TAG), comm))
+
+
+@numba.njit(cache=True, nogil=True)
+def _receive(state, comm, byte, boxes, counters, peer: int, receive) -> int:
+    if boxes.size:
+        mailbox_receive(boxes, counters, peer, receive, state[_YIELD])
+        return 0
     status = state[_PARTNERS + state[_PARTNER_COUNT]:].ctypes.data
-    tag, sent, room = np.int32(TAG), np.int32(length), np.int32(receive.size)
+    return call_c(state[_RECV], (receive.ctypes.data, np.int32(receive.size), byte,
+                                 np.int32(peer), np.int32(TAG), comm, status))
+
+
+@numba.njit(cache=True, nogil=True)
+def _send_receive(state, comm, byte, boxes, counters, peer: int, message, length: int,
+                  receive) -> int:
+    if boxes.size:
+        mailbox_send(boxes, counters, peer, message, length, state[_YIELD])
+        mailbox_receive(boxes, counters, peer, receive, state[_YIELD])
+        return 0
+    status = state[_PARTNERS + state[_PARTNER_COUNT]:].ctypes.data
+    tag, partner = np.int32(TAG), np.int32(peer)
+    return call_c(state[_SENDRECV], (message.ctypes.data, np.int32(length), byte, partner,
+                                     tag, receive.ctypes.data, np.int32(receive.size), byte,
+                                     partner, tag, comm, status))
+
+
+@numba.njit(cache=True, nogil=True)
+def _exchange(state, comm, byte, boxes, counters, message, length: int, receive, mode: int,
+              op: int, mine, received) -> int:
     folded_into, folded_from = state[_FOLDED_INTO], state[_FOLDED_FROM]
     if folded_into >= 0:
-        error = call_c(state[_SEND], (message.ctypes.data, sent, byte,
-                                      np.int32(folded_into), tag, comm))
+        error = _send(state, comm, byte, boxes, counters, folded_into, message, length)
         if error == 0:
-            error = call_c(state[_RECV], (receive.ctypes.data, room, byte,
-                                          np.int32(folded_into), tag, comm, status))
+            error = _receive(state, comm, byte, boxes, counters, folded_into, receive)
         if error == 0:
             message[:length] = receive[:length]
         return error
     if folded_from >= 0:
-        error = call_c(state[_RECV], (receive.ctypes.data, room, byte, np.int32(folded_from),
-                                      tag, comm, status))
+        error = _receive(state, comm, byte, boxes, counters, folded_from, receive)
         if error != 0:
             return error
         _fold(state, message, receive, mode, op, mine, received)
     for step in range(state[_PARTNER_COUNT]):
-        partner = np.int32(state[_PARTNERS + step])
-        error = call_c(state[_SENDRECV], (message.ctypes.data, sent, byte, partner, tag,
-                                          receive.ctypes.data, room, byte, partner, tag,
-                                          comm, status))
+        error = _send_receive(state, comm, byte, boxes, counters, state[_PARTNERS + step],
+                              message, length, receive)
         if error != 0:
             return error
         _fold(state, message, receive, mode, op, mine, received)
     if folded_from >= 0:
-        return call_c(state[_SEND], (message.ctypes.data, sent, byte, np.int32(folded_from),
-                                     tag, comm))
+        return _send(state, comm, byte, boxes, counters, folded_from, message, length)
     return 0
+
+
+@numba.njit(cache=True, nogil=True)
+def _reduce(state, comm, byte, boxes, counters, message, length: int, receive, op: int,
+            fresh_header, factors, source, result) -> int:
+    """A whole small allreduce: the header and ``source * factors[0]`` into the message,
+    the exchange, the signatures checked, then ``data / factors[1] * factors[2]`` into
+    ``result`` (each operation rounded to the dtype, as numpy's are)."""
+    header_bytes = fresh_header.size
+    end = header_bytes + source.size * source.itemsize
+    data = message[header_bytes:end].view(source.dtype)
+    message[:header_bytes] = fresh_header
+    if factors[0] == 1:
+        data[:] = source
+    else:
+        for i in range(data.size):
+            data[i] = source[i] * factors[0]
+    error = _exchange(state, comm, byte, boxes, counters, message, length, receive,
+                      PAYLOADS, op, data, receive[header_bytes:end].view(source.dtype))
+    if error != 0:
+        return error
+    for i in range(state[_SIGNATURE_BYTES]):
+        if message[i] != fresh_header[i]:
+            return DIFFERENT
+    if factors[1] == 1 and factors[2] == 1:
+        result[:] = data
+    else:
+        for i in range(result.size):
+            result[i] = data[i] / factors[1] * factors[2]
+    return 0
+
+
+# Words of a reduction's plan (int64): where the arrays of its group and its messages
+# are, with their sizes, then the message's length and how payloads combine.
+_AT_STATE, _STATE_WORDS, _AT_BOXES, _BOX_WORDS, _AT_COUNTERS, _COUNTER_WORDS, _AT_MESSAGE, \
+    _MESSAGE_BYTES, _AT_RECEIVE, _RECEIVE_BYTES, _LENGTH, _CODE = range(12)
+
+
+@numba.njit(cache=True, nogil=True)
+def _reduce_planned(plan, handles, fresh_header, factors, source, result) -> int:
+    """:func:`_reduce` on the arrays at the addresses in ``plan``: six arguments for the
+    dispatcher to check at every call instead of thirteen."""
+    return _reduce(
+        numba.carray(void_pointer(plan[_AT_STATE]), plan[_STATE_WORDS], np.int64),
+        handles[0], handles[1],
+        numba.carray(void_pointer(plan[_AT_BOXES]), plan[_BOX_WORDS], np.int64),
+        numba.carray(void_pointer(plan[_AT_COUNTERS]), plan[_COUNTER_WORDS], np.int64),
+        numba.carray(void_pointer(plan[_AT_MESSAGE]), plan[_MESSAGE_BYTES], np.uint8),
+        plan[_LENGTH],
+        numba.carray(void_pointer(plan[_AT_RECEIVE]), plan[_RECEIVE_BYTES], np.uint8),
+        plan[_CODE], fresh_header, factors, source, result)
 
 
 class CompiledExchange:
@@ -146,7 +230,11 @@ class CompiledExchange:
                  header_bytes: int):
         schedule = schedule_of(group)
         status_words = -(-functions.status_bytes // 8)
+        mailboxes = mailboxes_of(group)
+        self._boxes, self._counters = (NO_BOXES, NO_BOXES) if mailboxes is None else \
+            (mailboxes.boxes, mailboxes.counters)
         fields = [functions.sendrecv, functions.send, functions.recv,
+                  0 if mailboxes is None else mailboxes.yield_address,
                   -1 if schedule.folded_into is None else schedule.folded_into,
                   -1 if schedule.folded_from is None else schedule.folded_from,
                   signature_bytes, header_bytes // 8, len(schedule.partners),
@@ -165,10 +253,34 @@ class CompiledExchange:
         Raises:
             MPI.Exception: an MPI call failed.
         """
-        error = _exchange(self._state, self._comm, self._byte, message, length, receive,
-                          mode, code, mine, received)
+        error = _exchange(self._state, self._comm, self._byte, self._boxes, self._counters,
+                          message, length, receive, mode, code, mine, received)
         if error:
             raise MPI.Exception(error)
+
+    def reduction(self, message: np.ndarray, length: int, receive: np.ndarray,
+                  code: int) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]:
+        """A small allreduce in one compiled call, bound to its messages:
+        ``reduce(fresh_header, factors, source, result)`` writes ``fresh_header`` (uint8)
+        and then ``source * factors[0]`` into ``message`` (``length`` bytes in all),
+        exchanges them and combines by ``code`` as :meth:`run` does; then, if every
+        rank's signature was ours, writes the data ``/ factors[1] * factors[2]`` into
+        ``result`` and returns 0. ``factors`` are of ``source``'s dtype (1 where nothing
+        is to be done: an integer payload is only copied); ``result`` may be ``source``.
+
+        The call returns :data:`DIFFERENT` when some rank's signature differed (the
+        message then holds the combined headers, as :meth:`run` leaves them, and
+        ``result`` is untouched), and an MPI error code when an MPI call failed.
+
+        It finds its arrays by address: ``message`` and ``receive`` must live as long as
+        it is called (the group's own do, and so do this exchange's).
+        """
+        plan = np.array([self._state.ctypes.data, self._state.size, self._boxes.ctypes.data,
+                         self._boxes.size, self._counters.ctypes.data, self._counters.size,
+                         message.ctypes.data, message.size, receive.ctypes.data,
+                         receive.size, length, code], np.int64)
+        handles = np.array([self._comm, self._byte], self._comm.dtype)
+        return functools.partial(_reduce_planned, plan, handles)
 
 
 def compiled_exchange(group: Group, signature_bytes: int,

@@ -49,6 +49,19 @@ def call_c(typingctx: Any, address: Any, arguments: Any) -> Any:
     return types.int32(address, arguments), codegen
 
 
+@intrinsic
+def void_pointer(typingctx: Any, address: Any) -> Any:
+    """``void_pointer(address)`` in compiled code: the integer ``address`` as a ``void *``
+    (for ``numba.carray``)."""
+    if not isinstance(address, types.Integer):
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, values: Any) -> Any:
+        return builder.inttoptr(values[0], ir.IntType(8).as_pointer())
+
+    return types.voidptr(address), codegen
+
+
 @dataclass(frozen=True)
 class MpiFunctions:
     """The MPI library's functions that compiled code calls, as addresses.

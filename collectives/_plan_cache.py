@@ -9,6 +9,7 @@ from typing import Generic, Protocol, TypeVar
 
 from ._group import Group
 from ._process_sets import ProcessSet, resolve_group
+from ._world import world
 from .config import Settings, current_settings
 
 
@@ -42,10 +43,11 @@ class PlanCache(Generic[P]):
             plan = self._plans.get(key)
         except TypeError:  # an unhashable argument: making the plan says what is wrong
             return None
-        if plan is not None and plan.settings is current_settings() and \
-                plan.group is resolve_group(process_set, collective, name):
-            return plan
-        return None
+        if plan is None or plan.settings is not current_settings():
+            return None
+        group = world().group if process_set is None else \
+            resolve_group(process_set, collective, name)
+        return plan if plan.group is group else None
 
     def keep(self, key: Hashable, plan: P) -> P:
         """Keep ``plan`` for ``key`` (unless ``key`` cannot be kept); return it."""

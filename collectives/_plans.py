@@ -11,7 +11,7 @@ import numpy as np
 from ..kernels import Compressor, FusionLayout, reducer
 from ..kernels.reduction import Combine
 from ._adasum import working_dtype
-from ._agreement import PAYLOAD_CAPACITY, Call
+from ._agreement import PAYLOAD_CAPACITY, Call, CarriedReduction
 from ._checks import active_compressor, check_compression, check_reduction
 from ._data_phase import Finisher, finisher
 from ._memory import AWARE, IPC, MPI_CANNOT_REDUCE, STAGED, goes_direct
@@ -57,8 +57,8 @@ class AllreducePlan:
         finish: turns the sum into the result (None when nothing is to do); for Adasum,
             the postscale in the working precision (see :func:`._adasum.allreduce`).
         wire: the host plan's own buffer for the compressed values.
-        carried: the data travels in the agreement's messages (small host arrays
-            reduced by recursive doubling).
+        carried: how the data travels in the agreement's messages (small host arrays
+            reduced by recursive doubling), or None.
     """
 
     __slots__ = ("group", "settings", "op", "algorithm", "call", "finish", "combine",
@@ -105,8 +105,10 @@ class AllreducePlan:
             self.op.value, wire_dtype, self.compressor.encoding if self.compressor else None)
         self.wire = np.empty(array.size, wire_dtype) \
             if self.compressor and not self.memory else None
-        self.carried = self.memory is None and self.compressor is None and \
+        carried = self.memory is None and self.compressor is None and \
             self.algorithm == "recursive_doubling" and array.nbytes <= PAYLOAD_CAPACITY
+        self.carried = CarriedReduction(self.group, self.call, array.dtype, array.size,
+                                        self.combine, self.finish) if carried else None
 
 
 _PLANS: PlanCache[AllreducePlan] = PlanCache()
@@ -125,11 +127,24 @@ def allreduce_plan(array: Any, op: Any, name: str | None, prescale_factor: float
     the algorithm chosen for host copies; the signature's ``memory`` field says which.
     Raises what :func:`ringtrain.allreduce` raises before any communication.
     """
-    key = (collective, array.shape, array.dtype, op, name, prescale_factor, postscale_factor,
-           process_set, algorithm, id(compression), on_device)
-    return _PLANS.get(key, process_set, collective, name) or _PLANS.keep(key, AllreducePlan(
-        array, op, name, prescale_factor, postscale_factor, process_set, algorithm,
-        compression, collective, on_device))
+    return kept_allreduce_plan(array, op, name, prescale_factor, postscale_factor,
+                               process_set, algorithm, compression, collective,
+                               on_device) or _PLANS.keep(
+        (collective, array.shape, array.dtype, op, name, prescale_factor, postscale_factor,
+         process_set, algorithm, id(compression), on_device),
+        AllreducePlan(array, op, name, prescale_factor, postscale_factor, process_set,
+                      algorithm, compression, collective, on_device))
+
+
+def kept_allreduce_plan(array: Any, op: Any, name: str | None, prescale_factor: float,
+                        postscale_factor: float, process_set: ProcessSet | None,
+                        algorithm: str | None, compression: Any, collective: str,
+                        on_device: bool = False) -> AllreducePlan | None:
+    """The plan :func:`allreduce_plan` made before for these arguments, if it is still
+    valid; else None."""
+    return _PLANS.get((collective, array.shape, array.dtype, op, name, prescale_factor,
+                       postscale_factor, process_set, algorithm, id(compression), on_device),
+                      process_set, collective, name)
 
 
 class GroupedCall:

@@ -6,6 +6,7 @@ import zlib
 from collections.abc import Iterable
 
 from ._group import Group
+from ._mailboxes import open_mailboxes
 from ._p2p_channels import open_channels
 from ._world import World, world
 from .errors import InvalidArgumentError, subject
@@ -85,6 +86,7 @@ class ProcessSet:
         members.Free()
         self._group = Group(comm, self._ranks)
         open_channels(self._group)
+        open_mailboxes(self._group)
         self._generation = state.generation
         state.process_set_groups.append(self._group)
         return self._group

@@ -20,6 +20,7 @@ allreduce sends header and data in one message per step.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +75,7 @@ def schedule_of(group: Group) -> Schedule:
 
 
 def exchange(group: Group, message: np.ndarray, receive: np.ndarray,
-             combine: Callable[[np.ndarray], None]) -> None:
+             combine: Callable[[np.ndarray], None], comm: Any = None) -> None:
     """Allreduce ``message`` (bytes) over the group by recursive doubling, in place.
 
     Args:
@@ -85,10 +86,13 @@ def exchange(group: Group, message: np.ndarray, receive: np.ndarray,
         combine: ``combine(received)`` folds a partner's message (a view of
             ``receive``, as long as ``message``) into ``message``; it may ignore the
             argument and read ``receive`` through views of its own.
+        comm: what the messages travel on: anything with mpi4py's ``Send``, ``Recv``
+            and ``Sendrecv`` over the group's ranks (default: the group's
+            communicator).
     """
     if group.size == 1:
         return
-    comm = group.comm
+    comm = group.comm if comm is None else comm
     schedule = schedule_of(group)
     if schedule.folded_into is not None:
         comm.Send(message, schedule.folded_into, TAG)

@@ -13,6 +13,7 @@ from . import timeline
 from ._activity import ACTIVITY
 from ._executor import Executor
 from ._group import Group
+from ._mailboxes import open_mailboxes
 from ._p2p_channels import open_channels
 from ._stall import StallInspector
 from ._timeline_job import finish as finish_timeline
@@ -94,6 +95,7 @@ def init(comm: MPI.Comm | None = None) -> None:
     _generation += 1
     group = Group(own, world_ranks)
     open_channels(group)
+    open_mailboxes(group)
     _world = World(group, local_comm, cross_comm, Executor(), _generation,
                    node_keys=node_keys, cores_shared=local_comm.Get_size() > _usable_cores())
     set_rank(own.Get_rank())

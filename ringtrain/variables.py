@@ -474,6 +474,13 @@ COMPILED_EXCHANGE: Variable[bool] = _declare(Variable(
     "1: the agreement's exchange (and the small collectives riding in it) and blocking "
     "point-to-point messages run as compiled code calling the MPI library; 0: in Python "
     "through mpi4py"))
+AGREEMENT_SHARED_MEMORY: Variable[bool] = _declare(Variable(
+    "RINGTRAIN_AGREEMENT_SHARED_MEMORY",
+    switch("the agreement's messages within a node go through shared memory",
+           "they go through MPI"), True,
+    "1: where all ranks of a group share a node, the agreement's exchange (and the small "
+    "collectives riding in it) passes its messages through shared memory; 0 (on any "
+    "rank): through MPI"))
 
 # Read by ringtrain.kvstore.create (RINGTRAIN_KV_SERVERS also set by ringtrain-run --servers).
 KV_SERVERS: Variable[int | None] = _declare(Variable(

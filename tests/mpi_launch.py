@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -189,11 +189,12 @@ def require_gpu() -> None:
         pytest.skip("no CUDA GPU (RINGTRAIN_TEST_GPU=1 makes this a failure)")
 
 
-def run_checks(program: str, nprocs: int, at_least: int = 1, **options) -> str:
-    """Run ``program`` as :func:`run_mpi` does (``options`` are its keyword arguments) and
-    fail unless its summary line says that all its checks passed, at least ``at_least``
-    of them; returns the output."""
-    output = run_mpi(program, nprocs, **options)
+def run_checks(program: str, nprocs: int, at_least: int = 1, *, args: Sequence[str] = (),
+               **options) -> str:
+    """Run ``program`` with ``args`` as :func:`run_mpi` does (``options`` are its keyword
+    arguments) and fail unless its summary line says that all its checks passed, at
+    least ``at_least`` of them; returns the output."""
+    output = run_mpi(program, nprocs, *args, **options)
     summary = re.search(rf"{re.escape(program)}\.py np={nprocs}: all (\d+) checks passed",
                         output)
     assert summary, f"no summary line in the output of {program}.py np={nprocs}:\n{output}"

@@ -93,9 +93,19 @@ alone = SimpleNamespace(state={}, rank=0, size=1, comm=MPI.COMM_WORLD)
 exchange = compiled_exchange(alone, 16, 40)
 message, receive = np.zeros(104, np.uint8), np.zeros(1024, np.uint8)
 exchange.run(message, 40, receive, HEADERS)
+header = np.frombuffer(bytes(40), np.uint8)
 for dtype in (np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32, np.int64):
     exchange.run(message, 104, receive, PAYLOADS, payload_code(np.dtype(dtype), np.add),
                  message[40:].view(dtype), receive[40:104].view(dtype))
+    values = np.ones(8 // np.dtype(dtype).itemsize, dtype)
+    reduce = exchange.reduction(message, 48, receive, payload_code(np.dtype(dtype), np.add))
+    assert reduce(header, np.ones(3, dtype), values, values) == 0
+# The mailboxes' steps (the exchange above compiled them for a group without them).
+from ringtrain.collectives._mailboxes import (box_words, mailbox_receive, mailbox_send,
+                                              new_counters)
+boxes, counters = np.zeros(box_words(1), np.int64), new_counters(0, 1)
+mailbox_send(boxes, counters, 0, message, 8, 0)
+mailbox_receive(boxes, counters, 0, receive, 0)
 # The point-to-point steps, compiled for the arguments they are given (a header template
 # and an expected header are read-only bytes).
 import numba

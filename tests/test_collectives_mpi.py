@@ -42,3 +42,11 @@ def test_settings_from_the_environment(nprocs):
 def test_torch_cpu_tensors(nprocs):
     pytest.importorskip("torch")
     run_checks("torch_tensors", nprocs, timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("program,only", [("mismatch", None), ("allreduce", "exchange")])
+def test_the_agreement_over_mpi_messages(program, only):
+    """As between nodes: the agreement's messages through MPI instead of the node's
+    shared memory (its mismatches, and small collectives riding in it)."""
+    run_checks(program, 3, timeout=TIMEOUT, args=() if only is None else ("--only", only),
+               env={"RINGTRAIN_AGREEMENT_SHARED_MEMORY": "0"})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -268,6 +269,7 @@ def plan_world(monkeypatch):
     world = {"settings": object(), "group": object()}
     monkeypatch.setattr(_plan_cache, "current_settings", lambda: world["settings"])
     monkeypatch.setattr(_plan_cache, "resolve_group", lambda *_: world["group"])
+    monkeypatch.setattr(_plan_cache, "world", lambda: SimpleNamespace(group=world["group"]))
     return world
 
 

@@ -50,6 +50,7 @@ MALFORMED = {
     "RINGTRAIN_KV_BIGARRAY_BOUND": "1M",
     "RINGTRAIN_RESULT_POOL_BYTES": "plenty",
     "RINGTRAIN_COMPILED_EXCHANGE": "fast",
+    "RINGTRAIN_AGREEMENT_SHARED_MEMORY": "shared",
 }
 """A malformed value of every variable that has one (a path cannot be malformed)."""
 
@@ -72,6 +73,7 @@ WELL_FORMED = {
     "RINGTRAIN_KV_BIGARRAY_BOUND": ("1000", 1000),
     "RINGTRAIN_RESULT_POOL_BYTES": ("256M", 256 << 20),
     "RINGTRAIN_COMPILED_EXCHANGE": ("0", False),
+    "RINGTRAIN_AGREEMENT_SHARED_MEMORY": ("0", False),
 }
 
 

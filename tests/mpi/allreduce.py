@@ -6,12 +6,15 @@ Run: mpiexec -n K python tests/mpi/allreduce.py [--only SUBSTRING]
 from __future__ import annotations
 
 import contextlib
+import os
 
 import ml_dtypes
 import numpy as np
 
 import ringtrain as rt
 from ringtrain.collectives._agreement import _buffers_of
+from ringtrain.collectives._mailboxes import mailboxes_of
+from ringtrain.collectives.engine import allreduce_plan, reduce_planned
 from ringtrain.collectives._world import world
 from _harness import (FLOAT_DTYPES, INT_DTYPES, OPS, REDUCE_DTYPES, WORLD, Digests,
                       adasum_reference, all_inputs, assert_equal_arrays, assert_reduced, check,
@@ -478,6 +481,83 @@ def compiled_and_python_exchanges_agree_with_numpy():
                 expect_raises(rt.MismatchError, rt.allreduce, np.ones(shape),
                               match=("shape",), name=f"mismatch {form}")
     digests.verify()
+
+
+@check
+def small_allreduces_scale_alike_in_both_exchanges():
+    """The compiled small allreduce (fill, exchange and finish in one call) scales as the
+    Python steps do: the same bits for prescale, Average's division and postscale, also
+    for a plan run with another prescale factor (as the gradient reducer runs its
+    plans), and for ranks mixing the two."""
+    k, me = rt.size(), rt.rank()
+    for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
+        x = (rng(me, f"scales {dtype.name}").standard_normal(29) * 3).astype(dtype)
+        results = {}
+        for form, python_here in [("compiled", False), ("python", True),
+                                  ("mixed", me % 2 == 1)]:
+            with python_exchange(python_here):
+                name = f"scaled {form} {dtype.name}"
+                results[form] = rt.allreduce(x, rt.Average, name=name, prescale_factor=0.3,
+                                             postscale_factor=1.7)
+                plan = allreduce_plan(x, rt.Sum, name, 1.0, 1.0, None, None,
+                                      rt.Compression.none, "allreduce")
+                assert plan.carried is not None, f"{name}: not carried"
+                flat = x.copy()
+                reduce_planned(plan, "allreduce", name, flat, flat, 0.5, 1.0)
+                results[form + " prescaled plan"] = flat
+        for form in ("python", "mixed"):
+            for suffix in ("", " prescaled plan"):
+                assert_equal_arrays(results[form + suffix], results["compiled" + suffix],
+                                    f"{dtype.name}: {form}{suffix} against compiled")
+        everyone = np.stack([(rng(r, f"scales {dtype.name}").standard_normal(29) * 3)
+                             .astype(dtype) for r in range(k)])
+        tolerance = 1e-5 if dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(results["compiled"],
+                                   (everyone * 0.3).sum(0) / k * 1.7, rtol=tolerance,
+                                   atol=tolerance, err_msg=dtype.name)
+        np.testing.assert_allclose(results["compiled prescaled plan"],
+                                   (everyone * 0.5).sum(0), rtol=tolerance, atol=tolerance,
+                                   err_msg=dtype.name)
+
+
+SHARED_MEMORY = "RINGTRAIN_AGREEMENT_SHARED_MEMORY"
+
+
+@check(min_size=2)
+def the_exchange_uses_shared_memory_on_one_node():
+    """All ranks run on one node here: the agreement's messages take the mailboxes,
+    unless RINGTRAIN_AGREEMENT_SHARED_MEMORY=0 says otherwise."""
+    wanted = os.environ.get(SHARED_MEMORY, "1") != "0"
+    assert (mailboxes_of(world().group) is not None) == wanted, \
+        f"mailboxes {'missing' if wanted else 'used'}"
+
+
+@check(min_size=2)
+def shared_memory_turned_off_on_one_rank_is_off_for_all():
+    """A process set built while one rank has RINGTRAIN_AGREEMENT_SHARED_MEMORY=0 passes
+    its agreement's messages through MPI on every rank; its collectives and their
+    checks work as over the mailboxes."""
+    k, me = rt.size(), rt.rank()
+    before = os.environ.get(SHARED_MEMORY)
+    if me == k - 1:
+        os.environ[SHARED_MEMORY] = "0"
+    everyone = rt.add_process_set(list(range(k)))
+    try:
+        got = rt.allreduce(np.full(3, me + 1.0), rt.Sum, name="over MPI",
+                           process_set=everyone)
+        assert np.array_equal(got, np.full(3, k * (k + 1) / 2)), got
+        assert mailboxes_of(everyone.group("allreduce", None)) is None, "mailboxes used"
+        shape = (4,) if me == 0 else (3,)
+        expect_raises(rt.MismatchError, rt.allreduce, np.ones(shape), match=("shape",),
+                      name="mismatch over MPI", process_set=everyone)
+        assert np.array_equal(rt.broadcast(np.arange(3.0) + me, 0, process_set=everyone),
+                              np.arange(3.0))
+    finally:
+        rt.remove_process_set(everyone)
+        if before is None:
+            os.environ.pop(SHARED_MEMORY, None)
+        else:
+            os.environ[SHARED_MEMORY] = before
 
 
 @check(min_size=2)
