@@ -27,14 +27,14 @@ The other three fields carry what a compressed allreduce must know of all ranks 
 it casts: the largest finite magnitude (a non-negative float64 orders like its int64
 bits) and the highest and lowest rank whose values hold inf or NaN.
 
-Small collectives ride in the same messages (:func:`agree_carrying`): header and
-payload travel together and are combined at each step, so the check costs no extra
-round trip. An allreduce combines its payloads by its op; a broadcast, an allgather
-(each rank's rows at its own offset) and a reducescatter (the whole array, each rank
-keeping its rows) use the same exchange. Receive buffers hold ``PAYLOAD_CAPACITY``
-bytes on every rank whatever the local settings, so a rank sending a different size
-still cannot overflow its partner, and payloads are combined only when the headers
-agree.
+Small collectives ride in the same messages (:class:`CarriedReduction`,
+:class:`CarriedGather`): header and payload travel together and are combined at each
+step, so the check costs no extra round trip. An allreduce combines its payloads by its
+op; a broadcast, an allgather (each rank's rows at its own offset) and a reducescatter
+(the whole array, each rank keeping its rows) use the same exchange. Receive buffers
+hold ``PAYLOAD_CAPACITY`` bytes on every rank whatever the local settings, so a rank
+sending a different size still cannot overflow its partner, and payloads are combined
+only when the headers agree.
 
 The exchange runs as compiled code (:mod:`._compiled_exchange`) where it can, and its
 messages pass through shared memory where all the group's ranks share a node
@@ -259,43 +259,18 @@ def agree(group: Group, call: Call,
                                                                        local_range))
 
 
-def agree_carrying(group: Group, call: Call, dtype: np.dtype, count: int,
-                   fill: Callable[[np.ndarray], None], combine: Combine) -> np.ndarray:
-    """Check that every rank made the same call while allreducing a payload with it.
-
-    The payload (``count`` elements of ``dtype``, at most ``PAYLOAD_CAPACITY`` bytes)
-    travels in the agreement's own messages: ``fill(data)`` writes this rank's values
-    into ``data``, and ``combine(a, b, out=a)`` folds another rank's into it. A
-    broadcast or an allgather rides this way too: each rank fills its own part and
-    zeros, and the ranks combine by bitwise or.
-
-    Returns:
-        The combined payload, bit-identical on every rank; valid until the next
-        agreement on ``group``.
-
-    Raises:
-        MismatchError: on every rank, when any rank's ``call`` differs (the payloads
-            were not combined).
-    """
-    if group.size == 1:
-        _enter(group, call)
-        ACTIVITY.agreed()
-        views = _buffers_of(group).payload(dtype, count)
-        fill(views.data)
-        return views.data
-    return _agreed(group, call, lambda buffers, made: _exchange_carrying(
-        group, made, buffers, buffers.payload(dtype, count), fill, combine))
-
-
 class CarriedReduction:
-    """A small allreduce whose payload rides in the agreement (:func:`agree_carrying`),
-    set up once for one kind of call: ``count`` elements of ``dtype`` combined by
-    ``combine``, then finished by ``finish`` (None: nothing to do).
+    """A small allreduce whose payload rides in the agreement's own messages, set up
+    once for one kind of call: ``count`` elements of ``dtype`` (at most
+    ``PAYLOAD_CAPACITY`` bytes) combined by ``combine`` (``combine(a, b, out=a)``), then
+    finished by ``finish`` (None: nothing to do). Payloads are combined only where the
+    headers agree. A broadcast rides this way too, as bytes: the root's, or'ed with the
+    others' zeros.
 
     Where the group has the compiled exchange and it combines ``dtype`` by ``combine``,
     a call is one call of machine code: it fills the message, exchanges, checks the
-    signatures and writes the finished result. Otherwise the payload takes
-    :func:`agree_carrying`'s steps. The results are the same either way.
+    signatures and writes the finished result. Otherwise the exchange runs in Python,
+    the same messages: the results are the same either way.
     """
 
     __slots__ = ("group", "call", "_buffers", "_views", "_combine", "_finish", "_reduce",
@@ -366,37 +341,63 @@ class CarriedReduction:
         return result
 
 
-def agree_gathering(group: Group, call: Call, words: np.ndarray,
-                    data: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """Check that every rank made the same call while gathering ``words`` (int64, as
-    many on every rank) from every rank, and ``data`` (bytes) too when given and small
-    enough to ride along.
+class CarriedGather:
+    """A small gather riding in the agreement, set up once for one kind of call: every
+    rank's ``width`` int64 words, and its ``data_bytes`` bytes of data where every
+    rank's data fits in the payload (else none is carried).
 
-    Each rank fills its words, and its data at the offset it would have if every rank
-    gave as many bytes as this one, zeros elsewhere; the ranks combine by bitwise or.
+    Each rank puts its words, and its data at the offset it would have if every rank
+    gave as many bytes as this one, into zeros; the ranks combine by bitwise or (a
+    :class:`CarriedReduction` of bytes).
 
-    Returns:
-        Every rank's words (ranks x words, a copy), and the payload's data part (ranks x
-        this rank's data bytes, valid until the next agreement on ``group``), or None
-        when ``data`` was None or does not fit. The data part holds every rank's data
-        only where every rank gave as many bytes: the caller tells from the words.
+    Attributes:
+        carries_data: whether the data rides along.
     """
-    size, rank, width = group.size, group.rank, words.size
-    word_bytes = 8 * size * width
-    if data is not None and word_bytes + size * data.nbytes > PAYLOAD_CAPACITY:
-        data = None
-    mine = 0 if data is None else data.nbytes
 
-    def fill(payload: np.ndarray) -> None:
-        payload.fill(0)
-        payload[:word_bytes].view(np.int64)[rank * width:(rank + 1) * width] = words
-        if mine:
-            payload[word_bytes + rank * mine:word_bytes + (rank + 1) * mine] = data
+    __slots__ = ("carries_data", "_reduction", "_source", "_words", "_data", "_shape",
+                 "_given")
 
-    received = agree_carrying(group, call, BYTES, word_bytes + size * mine, fill,
-                              np.bitwise_or)
-    gathered = received[:word_bytes].view(np.int64).reshape(size, width).copy()
-    return gathered, None if data is None else received[word_bytes:]
+    def __init__(self, group: Group, call: Call, width: int, data_bytes: int):
+        size, rank = group.size, group.rank
+        word_bytes = 8 * size * width
+        self.carries_data = 0 < data_bytes and \
+            word_bytes + size * data_bytes <= PAYLOAD_CAPACITY
+        mine = data_bytes if self.carries_data else 0
+        total = word_bytes + size * mine
+        self._reduction = CarriedReduction(group, call, BYTES, total, np.bitwise_or, None)
+        self._source = np.zeros(total, np.uint8)
+        self._words = self._source[:word_bytes].view(np.int64)[rank * width:
+                                                               (rank + 1) * width]
+        self._data = self._source[word_bytes + rank * mine:word_bytes + (rank + 1) * mine]
+        self._shape = (size, width)
+        self._given: np.ndarray | None = None
+
+    def run(self, words: np.ndarray, data: np.ndarray) -> tuple[np.ndarray,
+                                                              np.ndarray | None]:
+        """Check that every rank made the same call while gathering ``words`` (int64,
+        ``width`` of them; not copied again when it is the array given last, so an array
+        given again must not have changed) and ``data`` (bytes, ``data_bytes`` of them;
+        unused when it does not ride along) from every rank.
+
+        Returns:
+            Every rank's words (ranks x width), and the data part (ranks x data bytes,
+            flat), or None where no data rides along; both in a new array. The data part
+            holds every rank's data only where every rank gave as many bytes: the
+            caller tells from the words.
+
+        Raises:
+            MismatchError: on every rank, when any rank's call differs.
+        """
+        if words is not self._given:
+            self._words[:] = words
+            self._given = words
+        if self.carries_data:
+            self._data[:] = data
+        result = np.empty(self._source.size, np.uint8)
+        self._reduction.run(self._source, result, 1.0)
+        word_bytes = 8 * self._words.size * self._shape[0]
+        return result[:word_bytes].view(np.int64).reshape(self._shape), \
+            result[word_bytes:] if self.carries_data else None
 
 
 def _enter(group: Group, call: Call) -> Call:

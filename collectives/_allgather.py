@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from . import _hierarchical, _native, _ring
-from ._agreement import Call, agree, agree_gathering
+from ._agreement import Call, CarriedGather, agree
 from ._buffers import device_tensor, results_like
-from ._calls import collective_call
+from ._calls import collective_call, run_validated
 from ._checks import flat, input_array
 from ._executor import Handle
 from ._group import Group
@@ -43,6 +43,11 @@ def allgather(tensor: np.ndarray, name: str | None = None,
     Returns:
         A new array of shape ``(sum of first dimensions, *tensor.shape[1:])``.
     """
+    if type(tensor) is np.ndarray:  # a small call made before runs as planned then
+        plan = _PLANS.get(_key(False, tensor, name, process_set, algorithm), process_set,
+                          "allgather", name)
+        if plan is not None and plan.gather is not None:
+            return run_validated("allgather", name, process_set, _carried, plan, tensor)
     return collective_call("allgather", name, process_set,
                            lambda: _prepare(tensor, name, process_set, algorithm),
                            restore=results_like(tensor))
@@ -109,6 +114,10 @@ class _AllgatherPlan:
         chosen: the algorithm (``native`` for device memory handed to MPI; ``auto``
             resolved once the ranks' row counts are known).
         call: the signature the ranks compare.
+        gather: how the ranks' row counts, and their rows where they fit, travel in the
+            agreement's messages (``recursive_doubling``), or None.
+        count: this rank's row count, as the gather's words.
+        counts: the gathered words when every rank gives as many rows as this one.
     """
 
     def __init__(self, array: Any, name: str | None, process_set: ProcessSet | None,
@@ -117,6 +126,7 @@ class _AllgatherPlan:
         self.settings = settings = current_settings()
         self.group = group = resolve_group(process_set, "allgather", name)
         self.row_shape = row_shape = tuple(array.shape[1:])
+        self.gather: CarriedGather | None = None
         if on_device:
             self.layout, self.chosen = None, "native"
             self.call = Call(collective="allgather", name=name, dtype=array.dtype,
@@ -133,6 +143,11 @@ class _AllgatherPlan:
             if chosen == "hierarchical" or chosen == "auto" and layout.pays_off else {}
         self.call = Call(collective="allgather", name=name, dtype=array.dtype,
                          algorithm=chosen, **{"shape[1:]": row_shape}, **extra)
+        if chosen == "recursive_doubling":
+            rows = array.shape[0] if array.shape else 1
+            self.gather = CarriedGather(group, self.call, 1, array.nbytes)
+            self.count = np.array([rows], np.int64)
+            self.counts = [[rows]] * group.size
 
 
 _PLANS: PlanCache[_AllgatherPlan] = PlanCache()
@@ -146,7 +161,7 @@ def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
         return staged(on_device, False,
                       lambda array: _prepare(array, name, process_set, algorithm))
     array = on_device if on_device is not None else input_array(tensor, "allgather", name)
-    key = (on_device is not None, array.shape, array.dtype, name, process_set, algorithm)
+    key = _key(on_device is not None, array, name, process_set, algorithm)
     plan = _PLANS.get(key, process_set, "allgather", name) or _PLANS.keep(key, _AllgatherPlan(
         array, name, process_set, algorithm, on_device is not None))
     group, call, chosen, row_shape = plan.group, plan.call, plan.chosen, plan.row_shape
@@ -155,8 +170,8 @@ def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
     else:
         memory, rows = HOST, array.reshape(1) if array.ndim == 0 else array
 
-    if chosen == "recursive_doubling":
-        return lambda: _carried(group, call, rows, row_shape)
+    if plan.gather is not None:
+        return lambda: _carried(plan, array)
 
     def run() -> Any:
         with memory.entered(*([] if on_device is None else [on_device])):
@@ -168,21 +183,24 @@ def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
     return run
 
 
-def _carried(group: Group, call: Call, rows: np.ndarray,
-             row_shape: tuple[int, ...]) -> np.ndarray:
+def _key(on_device: bool, array: Any, name: str | None, process_set: ProcessSet | None,
+         algorithm: str | None) -> tuple:
+    """What an allgather's plan is kept by."""
+    return (on_device, array.shape, array.dtype, name, process_set, algorithm)
+
+
+def _carried(plan: _AllgatherPlan, array: np.ndarray) -> np.ndarray:
     """A small allgather in the agreement's own messages.
 
     Every rank's row count, and its rows when they fit, ride in the agreement
-    (:func:`agree_gathering`). When every count is the same (the usual case), every rank
+    (:class:`CarriedGather`). When every count is the same (the usual case), every rank
     made the same choice and the rows have arrived; otherwise the ranks, all knowing
     every count now, gather the rows as ``auto`` chooses for their total size (the
     payloads, of different lengths, are not used).
     """
-    gathered, slots = agree_gathering(group, call, np.array([rows.shape[0]], np.int64),
-                                      flat(rows).view(np.uint8))
-    counts = gathered[:, 0]
-    if slots is not None and counts.tolist() == [rows.shape[0]] * group.size:
-        output = np.empty((rows.shape[0] * group.size, *row_shape), rows.dtype)
-        output.reshape(-1).view(np.uint8)[:] = slots
-        return output
-    return gather_rows(group, rows, row_shape, "auto", counts=counts)[0]
+    rows = array.reshape(1) if array.ndim == 0 else array
+    counts, slots = plan.gather.run(plan.count, rows.reshape(-1).view(np.uint8))
+    if slots is not None and counts.tolist() == plan.counts:
+        return slots.view(rows.dtype).reshape(rows.shape[0] * plan.group.size,
+                                              *plan.row_shape)
+    return gather_rows(plan.group, rows, plan.row_shape, "auto", counts=counts[:, 0])[0]

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from . import _native, _pairwise
-from ._agreement import Call, agree, agree_gathering
+from ._agreement import Call, CarriedGather, agree
 from ._buffers import device_tensor, results_like
-from ._calls import collective_call
+from ._calls import collective_call, run_validated
 from ._checks import check_splits, check_splittable, flat, input_array
 from ._executor import Handle
 from ._group import Group
@@ -42,6 +42,12 @@ def alltoall(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = Non
         ``(received, received_splits)``: the rows from every rank concatenated in rank
         order, and how many rows came from each rank (int64).
     """
+    if type(tensor) is np.ndarray and splits is None:  # a small call made before runs
+        plan = _PLANS.get(_key(False, tensor, name, process_set, algorithm), process_set,
+                          "alltoall", name)
+        if plan is not None and plan.gather is not None and tensor.flags.c_contiguous:
+            return run_validated("alltoall", name, process_set, _carried, plan,
+                                 tensor.reshape(-1).view(np.uint8), plan.even_splits, tensor)
     return collective_call("alltoall", name, process_set,
                            lambda: _prepare(tensor, splits, name, process_set, algorithm),
                            restore=results_like(tensor))
@@ -66,8 +72,10 @@ class _AlltoallPlan:
             resolved once the ranks' splits are known).
         call: the signature the ranks compare.
         row_bytes: the bytes of one row.
-        small: whether the whole send buffer rides in the agreement (``recursive_doubling``
-            only).
+        gather: how the splits matrix, and the whole send buffers where they are small,
+            travel in the agreement's messages (``recursive_doubling``), or None.
+        even_splits: the splits when none are given (rows cut as evenly as possible).
+        even_matrix: the matrix of splits when no rank gives any, as a list of lists.
     """
 
     def __init__(self, array: Any, name: str | None, process_set: ProcessSet | None,
@@ -78,7 +86,9 @@ class _AlltoallPlan:
         self.group = group = resolve_group(process_set, "alltoall", name)
         row_shape = tuple(array.shape[1:])
         self.row_bytes = row_bytes = array.dtype.itemsize * math.prod(row_shape)
-        self.small = False
+        self.gather: CarriedGather | None = None
+        self.even_splits = check_splits(None, array.shape[0], group.size, name)
+        self.even_matrix = [self.even_splits.tolist()] * group.size
         if on_device:
             self.chosen = "native"
             self.call = Call(collective="alltoall", name=name, dtype=array.dtype,
@@ -91,8 +101,11 @@ class _AlltoallPlan:
         self.chosen = chosen
         self.call = Call(collective="alltoall", name=name, dtype=array.dtype,
                          algorithm=chosen, **{"shape[1:]": row_shape})
-        self.small = chosen == "recursive_doubling" and auto_choice(
-            "alltoall", array.nbytes, group.size, settings) == "recursive_doubling"
+        if chosen == "recursive_doubling":
+            small = auto_choice("alltoall", array.nbytes, group.size,
+                                settings) == "recursive_doubling"
+            self.gather = CarriedGather(group, self.call, group.size,
+                                        array.nbytes if small else 0)
 
 
 _PLANS: PlanCache[_AlltoallPlan] = PlanCache()
@@ -106,16 +119,17 @@ def _prepare(tensor: Any, splits: Any, name: str | None, process_set: ProcessSet
         return staged(on_device, False,
                       lambda array: _prepare(array, splits, name, process_set, algorithm))
     array = on_device if on_device is not None else input_array(tensor, "alltoall", name)
-    key = (on_device is not None, array.shape, array.dtype, name, process_set, algorithm)
+    key = _key(on_device is not None, array, name, process_set, algorithm)
     plan = _PLANS.get(key, process_set, "alltoall", name) or _PLANS.keep(key, _AlltoallPlan(
         array, name, process_set, algorithm, on_device is not None))
     group, chosen = plan.group, plan.chosen
-    send_splits = check_splits(splits, array.shape[0], group.size, name)
+    send_splits = plan.even_splits if splits is None else \
+        check_splits(splits, array.shape[0], group.size, name)
     if on_device is not None:
         memory, send = memory_for(AWARE, on_device.device), on_device.memory
     else:
         memory, send = HOST, flat(array).view(np.uint8)
-    if chosen == "recursive_doubling":
+    if plan.gather is not None:
         return lambda: _carried(plan, send, send_splits, array)
 
     def run() -> tuple[Any, np.ndarray]:
@@ -129,12 +143,18 @@ def _prepare(tensor: Any, splits: Any, name: str | None, process_set: ProcessSet
     return run
 
 
+def _key(on_device: bool, array: Any, name: str | None, process_set: ProcessSet | None,
+         algorithm: str | None) -> tuple:
+    """What an alltoall's plan is kept by."""
+    return (on_device, array.shape, array.dtype, name, process_set, algorithm)
+
+
 def _carried(plan: _AlltoallPlan, send: np.ndarray, send_splits: np.ndarray,
              array: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A small alltoall in the agreement's own messages.
 
     Every rank's splits (the matrix), and its whole send buffer when it is small enough
-    for ``auto`` to choose this way, ride in the agreement (:func:`agree_gathering`).
+    for ``auto`` to choose this way, ride in the agreement (:class:`CarriedGather`).
     When every rank sends as many bytes (the usual case) every rank made the same choice
     and the rows have arrived; otherwise the ranks, all knowing the matrix now, move the
     rows as ``auto`` chooses for their mean size (the payloads, of different lengths,
@@ -142,10 +162,15 @@ def _carried(plan: _AlltoallPlan, send: np.ndarray, send_splits: np.ndarray,
     """
     group, row_bytes = plan.group, plan.row_bytes
     size, rank, mine = group.size, group.rank, send.nbytes
-    matrix, slots = agree_gathering(group, plan.call, send_splits,
-                                    send if plan.small else None)
+    matrix, slots = plan.gather.run(send_splits, send)
     received_splits = matrix[:, rank].copy()
     rows = matrix.tolist()
+    if slots is not None and rows == plan.even_matrix:  # one block from each rank
+        start, length = sum(rows[0][:rank]) * row_bytes, rows[0][rank] * row_bytes
+        output = HOST.new(array, (size * rows[0][rank], *array.shape[1:]))
+        output.reshape(-1).view(np.uint8).reshape(size, length)[...] = \
+            slots.reshape(size, mine)[:, start:start + length]
+        return output, received_splits
     if slots is not None and all(sum(row) * row_bytes == mine for row in rows):
         output = HOST.new(array, (sum(row[rank] for row in rows), *array.shape[1:]))
         target = output.reshape(-1).view(np.uint8)

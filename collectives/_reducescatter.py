@@ -11,10 +11,10 @@ from ..kernels import Compression, Compressor, abs_max, encoding_of, reducer
 from ..kernels.host import scale_into
 from ..kernels.reduction import Combine
 from . import _native, _recursive_doubling, _ring
-from ._agreement import PAYLOAD_CAPACITY, Call, agree, agree_carrying
+from ._agreement import PAYLOAD_CAPACITY, Call, CarriedReduction, agree
 from ._allreduce_run import warn_nonfinite
 from ._buffers import device_tensor, results_like
-from ._calls import collective_call
+from ._calls import collective_call, run_validated
 from ._checks import (active_compressor, check_compression, check_reduction, check_splittable,
                       flat, input_array)
 from ._data_phase import Finisher, finisher
@@ -53,6 +53,13 @@ def reducescatter(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str
     Returns:
         A new array of shape ``(rows of this rank, *tensor.shape[1:])``.
     """
+    if type(tensor) is np.ndarray:  # a small call made before runs as planned then
+        plan = _PLANS.get(_key(False, tensor, op, name, prescale_factor, postscale_factor,
+                               process_set, algorithm, compression), process_set,
+                          "reducescatter", name)
+        if plan is not None and plan.carried is not None and tensor.flags.c_contiguous:
+            return run_validated("reducescatter", name, process_set, _carried, plan,
+                                 tensor, prescale_factor)
     return collective_call("reducescatter", name, process_set,
                            lambda: _prepare(tensor, op, name, prescale_factor, postscale_factor,
                                             process_set, algorithm, compression),
@@ -86,6 +93,8 @@ class _ReducescatterPlan:
         combine: reduces two ranks' values (in the wire format when compressed).
         finish: turns the sum into the result (None when nothing is to do, or when
             compressed: the decoding finishes).
+        carried: how a small host array is reduced whole in the agreement's messages
+            (``recursive_doubling``), each rank keeping its share; or None.
     """
 
     def __init__(self, array: Any, op: Any, name: str | None, prescale_factor: float,
@@ -101,6 +110,7 @@ class _ReducescatterPlan:
         check_splittable(array.shape, "reducescatter", name)
         self.settings = settings = current_settings()
         self.group = group = resolve_group(process_set, "reducescatter", name)
+        self.carried: CarriedReduction | None = None
         self.compressor = compressor = active_compressor(compression, array.dtype, op,
                                                          "reducescatter", name)
         row = int(np.prod(array.shape[1:], dtype=np.int64))
@@ -132,6 +142,9 @@ class _ReducescatterPlan:
         self.combine = reducer(op.value, array.dtype)
         self.finish = finisher(group.size if op is ReduceOp.Average else 1, postscale_factor,
                                array.dtype)
+        if self.chosen == "recursive_doubling" and array.nbytes <= PAYLOAD_CAPACITY:
+            self.carried = CarriedReduction(group, self.call, array.dtype, array.size,
+                                            self.combine, self.finish)
 
 
 _PLANS: PlanCache[_ReducescatterPlan] = PlanCache()
@@ -150,8 +163,8 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
             compression))
     array = on_device if on_device is not None else \
         input_array(tensor, "reducescatter", name)
-    key = (on_device is not None, array.shape, array.dtype, op, name, prescale_factor,
-           postscale_factor, process_set, algorithm, id(compression))
+    key = _key(on_device is not None, array, op, name, prescale_factor, postscale_factor,
+               process_set, algorithm, compression)
     plan = _PLANS.get(key, process_set, "reducescatter", name) or _PLANS.keep(
         key, _ReducescatterPlan(array, op, name, prescale_factor, postscale_factor,
                                 process_set, algorithm, compression, on_device is not None))
@@ -163,6 +176,8 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
         memory, source = memory_for(AWARE, on_device.device), on_device.memory
     else:
         memory, source = HOST, flat(array)
+    if plan.carried is not None:
+        return lambda: _carried(plan, source, prescale_factor)
     if chosen == "recursive_doubling":
         return lambda: _by_recursive_doubling(group, plan.call, source, prescale_factor,
                                               plan.combine, plan.finish,
@@ -224,22 +239,36 @@ def _compressed(plan: _ReducescatterPlan, source: np.ndarray, name: str | None,
     return output
 
 
+def _key(on_device: bool, array: Any, op: Any, name: str | None, prescale_factor: float,
+         postscale_factor: float, process_set: ProcessSet | None, algorithm: str | None,
+         compression: Any) -> tuple:
+    """What a reduce-scatter's plan is kept by."""
+    return (on_device, array.shape, array.dtype, op, name, prescale_factor, postscale_factor,
+            process_set, algorithm, id(compression))
+
+
+def _carried(plan: _ReducescatterPlan, array: np.ndarray, prescale_factor: float
+             ) -> np.ndarray:
+    """A small reduce-scatter in the agreement's own messages: the whole array reduced
+    (and finished), this rank's share of it returned (a view of the new array)."""
+    reduced = np.empty(array.size, array.dtype)
+    plan.carried.run(array, reduced, prescale_factor)
+    start = plan.bounds[plan.group.rank]
+    share = reduced[start:start + plan.counts[plan.group.rank]]
+    return share.reshape(plan.share_shape)
+
+
 def _by_recursive_doubling(group: Group, call: Call, source: np.ndarray,
                            prescale_factor: float, combine: Combine, finish: Finisher | None,
                            start: int, shape: tuple[int, ...],
                            segment_bytes: int) -> np.ndarray:
     """A reduce-scatter as an allreduce by recursive doubling of which this rank keeps
-    its share (of ``shape``, from element ``start`` of the flat array): in the
-    agreement's own messages when the array fits in them."""
-    if source.nbytes <= PAYLOAD_CAPACITY:
-        reduced = agree_carrying(group, call, source.dtype, source.size,
-                                 lambda data: scale_into(source, prescale_factor, data),
-                                 combine)
-    else:
-        agree(group, call)
-        reduced = np.empty_like(source)
-        scale_into(source, prescale_factor, reduced)
-        _recursive_doubling.allreduce(group, reduced, combine, segment_bytes)
+    its share (of ``shape``, from element ``start`` of the flat array), above the
+    agreement's payload."""
+    agree(group, call)
+    reduced = np.empty_like(source)
+    scale_into(source, prescale_factor, reduced)
+    _recursive_doubling.allreduce(group, reduced, combine, segment_bytes)
     output = RESULTS.empty(shape, source.dtype)
     share = reduced[start:start + output.size]
     if finish is None:

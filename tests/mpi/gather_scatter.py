@@ -233,6 +233,22 @@ def alltoall_special(algorithm: str) -> None:
         received, received_splits = rt.alltoall(x, splits, algorithm=algorithm)
         assert_equal_arrays(received, expected, f"alltoall splits as {type(splits).__name__}")
         assert_equal_arrays(received_splits, expected_splits, "received_splits")
+    # one kind of call whose splits change from call to call: none, given, none again
+    rows = 2 * k
+    x = make_input(me, (rows, 3), np.float64, None, "a2aalt")
+    inputs = [make_input(r, (rows, 3), np.float64, None, "a2aalt") for r in range(k)]
+    for title in ("default", "all to the next rank", "default again"):
+        def splits_of(r, title=title):
+            if title.startswith("default"):
+                return default_splits(rows, k)
+            return [rows if j == (r + 1) % k else 0 for j in range(k)]
+
+        received, received_splits = rt.alltoall(
+            x, None if title.startswith("default") else splits_of(me),
+            name="a2a alternating", algorithm=algorithm)
+        expected, expected_splits = alltoall_expected(inputs, splits_of, me)
+        assert_equal_arrays(received, expected, f"alltoall splits {title}")
+        assert_equal_arrays(received_splits, expected_splits, f"splits {title}")
     # non-contiguous input
     base = make_input(me, (4 * k, 6), np.int32, None, "a2anc")
     views = [make_input(r, (4 * k, 6), np.int32, None, "a2anc")[::2, ::3] for r in range(k)]
