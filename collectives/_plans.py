@@ -127,13 +127,11 @@ def allreduce_plan(array: Any, op: Any, name: str | None, prescale_factor: float
     the algorithm chosen for host copies; the signature's ``memory`` field says which.
     Raises what :func:`ringtrain.allreduce` raises before any communication.
     """
-    return kept_allreduce_plan(array, op, name, prescale_factor, postscale_factor,
-                               process_set, algorithm, compression, collective,
-                               on_device) or _PLANS.keep(
-        (collective, array.shape, array.dtype, op, name, prescale_factor, postscale_factor,
-         process_set, algorithm, id(compression), on_device),
-        AllreducePlan(array, op, name, prescale_factor, postscale_factor, process_set,
-                      algorithm, compression, collective, on_device))
+    key = _key(array, op, name, prescale_factor, postscale_factor, process_set, algorithm,
+               compression, collective, on_device)
+    return _PLANS.get(key, process_set, collective, name) or _PLANS.keep(key, AllreducePlan(
+        array, op, name, prescale_factor, postscale_factor, process_set, algorithm,
+        compression, collective, on_device))
 
 
 def kept_allreduce_plan(array: Any, op: Any, name: str | None, prescale_factor: float,
@@ -142,9 +140,17 @@ def kept_allreduce_plan(array: Any, op: Any, name: str | None, prescale_factor: 
                         on_device: bool = False) -> AllreducePlan | None:
     """The plan :func:`allreduce_plan` made before for these arguments, if it is still
     valid; else None."""
-    return _PLANS.get((collective, array.shape, array.dtype, op, name, prescale_factor,
-                       postscale_factor, process_set, algorithm, id(compression), on_device),
+    return _PLANS.get(_key(array, op, name, prescale_factor, postscale_factor, process_set,
+                           algorithm, compression, collective, on_device),
                       process_set, collective, name)
+
+
+def _key(array: Any, op: Any, name: str | None, prescale_factor: float,
+         postscale_factor: float, process_set: ProcessSet | None, algorithm: str | None,
+         compression: Any, collective: str, on_device: bool) -> tuple:
+    """What an allreduce's plan is kept by."""
+    return (collective, array.shape, array.dtype, op, name, prescale_factor, postscale_factor,
+            process_set, algorithm, id(compression), on_device)
 
 
 class GroupedCall:
