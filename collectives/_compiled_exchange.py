@@ -33,7 +33,7 @@ from mpi4py import MPI
 
 from ._group import Group
 from ._mailboxes import NO_BOXES, mailbox_receive, mailbox_send, mailboxes_of
-from ._native_calls import MpiFunctions, call_c, mpi_functions, void_pointer
+from ._native_calls import MpiFunctions, call_c, copy_bytes, mpi_functions, void_pointer
 from ._recursive_doubling import TAG, schedule_of
 
 HEADERS_IF_DIFFERENT = 0
@@ -154,7 +154,7 @@ def _exchange(state, comm, byte, boxes, counters, message, length: int, receive,
         if error == 0:
             error = _receive(state, comm, byte, boxes, counters, folded_into, receive)
         if error == 0:
-            message[:length] = receive[:length]
+            copy_bytes(message.ctypes.data, receive.ctypes.data, length)
         return error
     if folded_from >= 0:
         error = _receive(state, comm, byte, boxes, counters, folded_from, receive)
@@ -178,26 +178,30 @@ def _reduce(state, comm, byte, boxes, counters, message, length: int, receive, o
     """A whole small allreduce: the header and ``source * factors[0]`` into the message,
     the exchange, the signatures checked, then ``data / factors[1] * factors[2]`` into
     ``result`` (each operation rounded to the dtype, as numpy's are)."""
-    header_bytes = fresh_header.size
-    end = header_bytes + source.size * source.itemsize
-    data = message[header_bytes:end].view(source.dtype)
-    message[:header_bytes] = fresh_header
+    header_bytes, count = fresh_header.size, source.size
+    copy_bytes(message.ctypes.data, fresh_header.ctypes.data, header_bytes)
+    # Views made from addresses are contiguous to the compiler: its loops run on vectors.
+    data = numba.carray(void_pointer(message.ctypes.data + header_bytes), count, source.dtype)
+    received = numba.carray(void_pointer(receive.ctypes.data + header_bytes), count,
+                            source.dtype)
     if factors[0] == 1:
-        data[:] = source
+        for i in range(count):
+            data[i] = source[i]
     else:
-        for i in range(data.size):
+        for i in range(count):
             data[i] = source[i] * factors[0]
     error = _exchange(state, comm, byte, boxes, counters, message, length, receive,
-                      PAYLOADS, op, data, receive[header_bytes:end].view(source.dtype))
+                      PAYLOADS, op, data, received)
     if error != 0:
         return error
     for i in range(state[_SIGNATURE_BYTES]):
         if message[i] != fresh_header[i]:
             return DIFFERENT
     if factors[1] == 1 and factors[2] == 1:
-        result[:] = data
+        for i in range(count):
+            result[i] = data[i]
     else:
-        for i in range(result.size):
+        for i in range(count):
             result[i] = data[i] / factors[1] * factors[2]
     return 0
 

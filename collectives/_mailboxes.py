@@ -39,7 +39,7 @@ from numba.extending import intrinsic
 
 from ..variables import AGREEMENT_SHARED_MEMORY
 from ._group import Group
-from ._native_calls import call_c, mpi_functions
+from ._native_calls import call_c, copy_bytes, mpi_functions
 
 MESSAGE_BYTES = 128 * 1024 + 64
 """Room in each mailbox: the agreement's largest message (its header and a payload of up
@@ -102,8 +102,7 @@ def mailbox_send(boxes, counters, destination: int, message, length: int,
         raise ValueError("a message larger than the mailboxes")
     sent = counters[_COUNTS + destination] + 1
     counters[_COUNTS + destination] = sent
-    start = base + _CONTROL_WORDS
-    boxes[start:start + (length + 7) // 8].view(np.uint8)[:length] = message[:length]
+    copy_bytes(boxes.ctypes.data + 8 * (base + _CONTROL_WORDS), message.ctypes.data, length)
     boxes[base + _LENGTH] = length
     _store_release(boxes, base + _TAG, (destination << _DESTINATION_SHIFT) | sent)
 
@@ -129,8 +128,7 @@ def mailbox_receive(boxes, counters, source: int, receive, yield_address: int) -
             call_c(yield_address, ())
     length = boxes[base + _LENGTH]
     fits = min(length, receive.size)
-    start = base + _CONTROL_WORDS
-    receive[:fits] = boxes[start:start + (fits + 7) // 8].view(np.uint8)[:fits]
+    copy_bytes(receive.ctypes.data, boxes.ctypes.data + 8 * (base + _CONTROL_WORDS), fits)
     counters[_COUNTS + size + source] += 1
     _store_release(boxes, base + _CONSUMED, expected)
     return length

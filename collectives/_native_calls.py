@@ -17,6 +17,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+import numba
 import numpy as np
 from llvmlite import ir
 from mpi4py import MPI
@@ -60,6 +61,16 @@ def void_pointer(typingctx: Any, address: Any) -> Any:
         return builder.inttoptr(values[0], ir.IntType(8).as_pointer())
 
     return types.voidptr(address), codegen
+
+
+@numba.njit(cache=True, nogil=True)
+def copy_bytes(destination: int, source: int, count: int) -> None:
+    """Copy ``count`` bytes from address ``source`` to address ``destination`` (apart),
+    as fast as memcpy: a slice assignment in compiled code moves one byte at a time."""
+    into = numba.carray(void_pointer(destination), count, np.uint8)
+    out_of = numba.carray(void_pointer(source), count, np.uint8)
+    for i in range(count):
+        into[i] = out_of[i]
 
 
 @dataclass(frozen=True)

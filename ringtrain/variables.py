@@ -361,7 +361,7 @@ ALLTOALL_ALGORITHM = _setting(
     "the alltoall algorithm: auto or one of ALGORITHMS['alltoall']",
     _one_of("alltoall_algorithm", ALGORITHMS["alltoall"]))
 RECURSIVE_DOUBLING_MAX_BYTES = _setting(
-    "recursive_doubling_max_bytes", parse_size, 64 * 1024,
+    "recursive_doubling_max_bytes", parse_size, 128 * 1024,
     "without a tuned table, auto allreduce uses recursive doubling up to this size",
     _at_least("recursive_doubling_max_bytes", 0))
 SEGMENT_BYTES = _setting(

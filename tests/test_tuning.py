@@ -94,7 +94,7 @@ def test_the_built_in_table_keeps_small_messages_and_uses_mpi_above():
     assert tuning.installed() is None
     small, big = tuning.SMALL_MESSAGE_BYTES, tuning.SMALL_MESSAGE_BYTES + 1
     doubling = SETTINGS.recursive_doubling_max_bytes
-    assert doubling == 64 * 1024  # the payload rides in the agreement's messages
+    assert doubling == 128 * 1024  # the payload rides in the agreement's messages
     assert default_choice("allreduce", doubling, 4, SETTINGS) == "recursive_doubling"
     assert default_choice("allreduce", doubling + 1, 4, SETTINGS) == "native"
     assert default_choice("allreduce", tuning.NATIVE_ALLREDUCE_MAX_BYTES + 1, 2,

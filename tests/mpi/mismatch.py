@@ -155,7 +155,7 @@ def shape_mismatch_across_the_auto_threshold():
 
 @check(min_size=2)
 def shape_mismatch_across_the_default_auto_threshold():
-    """The built-in table's own threshold (64 KiB): one rank's payload rides with the
+    """The built-in table's own threshold (128 KiB): one rank's payload rides with the
     check, the other's is too big to and goes by MPI's own; every rank gets the error."""
     limit = rt.current_settings().recursive_doubling_max_bytes // 4
     shapes = last_differs((limit,), (limit + 1,))
