@@ -18,15 +18,13 @@ stall inspector) is the same for both forms.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import threading
 
 import numba
 import numpy as np
 from mpi4py import MPI
 
-from ._native_calls import MpiFunctions, call_c, mpi_functions
+from ._native_calls import MpiFunctions, call_c, copy_bytes, mpi_functions
 from ._p2p_channels import Channels
 from ._p2p_header import FIXED_BYTES, NO_NAME_CHECK, SEQUENCE_WORD
 
@@ -52,9 +50,9 @@ the compiled receive accepts; nothing posted (the Python steps take it)."""
 # once), the reply byte; then the statuses, and the bytes where a header is received.
 _PHASE, _REQUEST_COUNT, _FLAG, _COUNT, _MESSAGE, _REQUESTS = range(6)
 _FUNCTIONS = _REQUESTS + 2
-_ISEND, _IRECV, _TESTALL, _IPROBE, _IMPROBE, _MRECV, _GET_COUNT, _RECV, _MEMCPY = \
-    range(_FUNCTIONS, _FUNCTIONS + 9)
-_HANDLE_BYTES, _REPLY, _STATUSES = range(_FUNCTIONS + 9, _FUNCTIONS + 12)
+_ISEND, _IRECV, _TESTALL, _IPROBE, _IMPROBE, _MRECV, _GET_COUNT, _RECV = \
+    range(_FUNCTIONS, _FUNCTIONS + 8)
+_HANDLE_BYTES, _REPLY, _STATUSES = range(_FUNCTIONS + 8, _FUNCTIONS + 11)
 # The handles array (of the C type): the communicators and the byte datatype.
 _MESSAGES, _TRANSFERS, _BYTE = range(3)
 _STATUS_WORDS = 16
@@ -86,8 +84,8 @@ def _statuses(state):
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _copy(state, target, source) -> None:
-    """``target[:] = source`` (bytes) by the C library's ``memcpy``."""
-    call_c(state[_MEMCPY], (target.ctypes.data, source.ctypes.data, np.int64(source.size)))
+    """``target[:] = source`` (bytes)."""
+    copy_bytes(target.ctypes.data, source.ctypes.data, source.size)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -284,9 +282,9 @@ class CompiledMessages:
 
     def __init__(self, channels: Channels, functions: MpiFunctions):
         words = np.zeros(_HEADER_BYTES // 8, np.int64)
-        words[_ISEND:_MEMCPY + 1] = [functions.isend, functions.irecv, functions.testall,
-                                     functions.iprobe, functions.improbe, functions.mrecv,
-                                     functions.get_count, functions.recv, _memcpy_address()]
+        words[_ISEND:_RECV + 1] = [functions.isend, functions.irecv, functions.testall,
+                                   functions.iprobe, functions.improbe, functions.mrecv,
+                                   functions.get_count, functions.recv]
         words[_HANDLE_BYTES] = functions.handle_dtype.itemsize
         self._first_words = words
         self._handles = np.array([functions.handle(channels.messages),
@@ -343,11 +341,6 @@ class CompiledMessages:
         _checked(-_receive_matched(work, self._handles, message))
         return message
 
-
-@functools.cache
-def _memcpy_address() -> int:
-    """The C library's ``memcpy``, which copies faster than a compiled loop over bytes."""
-    return ctypes.cast(ctypes.CDLL(None).memcpy, ctypes.c_void_p).value
 
 
 def _checked(code: int) -> int:
