@@ -89,6 +89,8 @@ def mailbox_send(boxes, counters, destination: int, message, length: int,
                  yield_address: int) -> None:
     """Leave ``message[:length]`` (uint8) for group rank ``destination``."""
     slot_words = boxes.size // (2 * counters[_SIZE])
+    if length > (slot_words - _CONTROL_WORDS) * 8:
+        raise ValueError("a message larger than the mailboxes")
     mailbox = counters[_NEXT]
     counters[_NEXT] = 1 - mailbox
     base = (counters[_RANK] * 2 + mailbox) * slot_words
@@ -98,8 +100,6 @@ def mailbox_send(boxes, counters, destination: int, message, length: int,
         spins += 1
         if spins >= _SPINS:
             call_c(yield_address, ())
-    if length > (slot_words - _CONTROL_WORDS) * 8:
-        raise ValueError("a message larger than the mailboxes")
     sent = counters[_COUNTS + destination] + 1
     counters[_COUNTS + destination] = sent
     copy_bytes(boxes.ctypes.data + 8 * (base + _CONTROL_WORDS), message.ctypes.data, length)
