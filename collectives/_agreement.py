@@ -355,7 +355,7 @@ class CarriedGather:
     """
 
     __slots__ = ("carries_data", "_reduction", "_source", "_words", "_data", "_shape",
-                 "_given")
+                 "_word_bytes", "_given")
 
     def __init__(self, group: Group, call: Call, width: int, data_bytes: int):
         size, rank = group.size, group.rank
@@ -369,7 +369,7 @@ class CarriedGather:
         self._words = self._source[:word_bytes].view(np.int64)[rank * width:
                                                                (rank + 1) * width]
         self._data = self._source[word_bytes + rank * mine:word_bytes + (rank + 1) * mine]
-        self._shape = (size, width)
+        self._shape, self._word_bytes = (size, width), word_bytes
         self._given: np.ndarray | None = None
 
     def run(self, words: np.ndarray, data: np.ndarray) -> tuple[np.ndarray,
@@ -395,9 +395,8 @@ class CarriedGather:
             self._data[:] = data
         result = np.empty(self._source.size, np.uint8)
         self._reduction.run(self._source, result, 1.0)
-        word_bytes = 8 * self._words.size * self._shape[0]
-        return result[:word_bytes].view(np.int64).reshape(self._shape), \
-            result[word_bytes:] if self.carries_data else None
+        return result[:self._word_bytes].view(np.int64).reshape(self._shape), \
+            result[self._word_bytes:] if self.carries_data else None
 
 
 def _enter(group: Group, call: Call) -> Call:

@@ -138,35 +138,34 @@ def shape_mismatch_ring_100000_vs_100001():
         library_still_works()
 
 
+def _shape_mismatch_across(limit_bytes: int, name: str) -> None:
+    """One rank's float32 array of ``limit_bytes`` rides with the check (recursive
+    doubling), the other's, one element more, goes by MPI's own: every rank gets the
+    error naming the fields that differ."""
+    limit = limit_bytes // 4
+    shapes = last_differs((limit,), (limit + 1,))
+    algorithms = last_differs("recursive_doubling", "native")
+    expect_mismatch(lambda: rt.allreduce(np.ones(mine(shapes), np.float32), rt.Sum,
+                                         name=name),
+                    collective="allreduce", name=name,
+                    differences={"shape": shapes, "algorithm": algorithms,
+                                 "segment_bytes": last_differs(segment_bytes(), None)})
+    library_still_works()
+
+
 @check(min_size=2)
 def shape_mismatch_across_the_auto_threshold():
-    """With the built-in table, 4096 bytes go by recursive doubling (data riding with the
-    check) and 4100 bytes by MPI's own: the message names the fields that differ."""
-    shapes = last_differs((1024,), (1025,))
-    algorithms = last_differs("recursive_doubling", "native")
+    """A threshold set to 4096 bytes."""
     with configured(recursive_doubling_max_bytes=4096, allreduce_algorithm="auto"):
-        expect_mismatch(lambda: rt.allreduce(np.ones(mine(shapes), np.float32), rt.Sum,
-                                             name="edge"),
-                        collective="allreduce", name="edge",
-                        differences={"shape": shapes, "algorithm": algorithms,
-                                     "segment_bytes": last_differs(segment_bytes(), None)})
-    library_still_works()
+        _shape_mismatch_across(4096, "edge")
 
 
 @check(min_size=2)
 def shape_mismatch_across_the_default_auto_threshold():
-    """The built-in table's own threshold (128 KiB): one rank's payload rides with the
-    check, the other's is too big to and goes by MPI's own; every rank gets the error."""
-    limit = rt.current_settings().recursive_doubling_max_bytes // 4
-    shapes = last_differs((limit,), (limit + 1,))
-    algorithms = last_differs("recursive_doubling", "native")
+    """The built-in table's own threshold (128 KiB)."""
     with configured(allreduce_algorithm="auto"):
-        expect_mismatch(lambda: rt.allreduce(np.ones(mine(shapes), np.float32), rt.Sum,
-                                             name="default edge"),
-                        collective="allreduce", name="default edge",
-                        differences={"shape": shapes, "algorithm": algorithms,
-                                     "segment_bytes": last_differs(segment_bytes(), None)})
-    library_still_works()
+        _shape_mismatch_across(rt.current_settings().recursive_doubling_max_bytes,
+                               "default edge")
 
 
 @check(min_size=3)
