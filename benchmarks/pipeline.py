@@ -4,10 +4,11 @@ point-to-point tensors against mpi4py's own Send/Recv.
     mpiexec -n 2 python benchmarks/pipeline.py
     mpiexec -n 4 python benchmarks/pipeline.py --width 512 --batch 256
 
-**Point-to-point** (ranks 0 and 1): a ping-pong of float32 messages from 8 B to
-``--max-bytes``; ``rt.send``/``rt.recv`` (header checked by the pair; data in the
-header's message up to 12 KiB, behind it above) against ``comm.Send``/``comm.Recv`` on a
-duplicate of ``MPI.COMM_WORLD``, on the same buffers, interleaved round by round. Each
+**Point-to-point** (ranks 0 and 1): a ping-pong of float32 messages of every power of
+two from 16 B to ``--max-bytes``; ``rt.send``/``rt.recv`` (header checked by the pair;
+data in the header's message up to 12 KiB, behind it above) against
+``comm.Send``/``comm.Recv`` on a duplicate of ``MPI.COMM_WORLD``, on the same buffers,
+interleaved round by round. Each
 row: the median over ``--rounds`` rounds of the one-way time (half a round trip, averaged
 over the round's repeats), the bandwidth, and ringtrain's time over mpi4py's.
 
@@ -74,7 +75,7 @@ def point_to_point(args: argparse.Namespace) -> None:
                   f"{args.rounds} rounds)")
             print(f"{'bytes':>10} {'ringtrain us':>13} {'mpi4py us':>10} {'GB/s':>7} "
                   f"{'mpi4py GB/s':>12} {'ratio':>6}")
-        nbytes = 8
+        nbytes = 16
         while nbytes <= args.max_bytes:
             data = np.ones(nbytes // 4, np.float32)
             into = np.empty_like(data)
@@ -95,7 +96,7 @@ def point_to_point(args: argparse.Namespace) -> None:
                 print(f"{nbytes:>10} {ours_s * 1e6:>13.1f} {theirs_s * 1e6:>10.1f} "
                       f"{nbytes / ours_s / 1e9:>7.2f} {nbytes / theirs_s / 1e9:>12.2f} "
                       f"{ours_s / theirs_s:>6.2f}", flush=True)
-            nbytes *= 4
+            nbytes *= 2
     comm.Free()
     rt.barrier()
 

@@ -18,18 +18,23 @@ stall inspector) is the same for both forms.
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable
 
 import numba
 import numpy as np
 from mpi4py import MPI
 
-from ._native_calls import MpiFunctions, call_c, copy_bytes, mpi_functions
+from ._native_calls import MpiFunctions, call_c, copy_bytes, mpi_functions, void_pointer
 from ._p2p_channels import Channels
 from ._p2p_header import FIXED_BYTES, NO_NAME_CHECK, SEQUENCE_WORD
 
 POLLS = 64
 """How many times one compiled call polls MPI before it returns to the waiting loop."""
+FIRST_POLLS = 1024
+"""How many times a kept plan's call polls (:mod:`._p2p_plans`): a ready peer's reply or
+message comes within them, where returning costs building the operation to wait with."""
 
 WAITING = 0
 """Returned: nothing moved in this call's polls."""
@@ -265,6 +270,24 @@ def _receive_steps(work, handles, expected, target, peer: int, tag: int,
 
 
 @numba.njit(cache=True, nogil=True)
+def _send_planned(handles, words, work, data, sequence: int) -> int:
+    """:func:`_send_steps` with the arguments a plan keeps in ``words`` (the template's
+    address and bytes, inline, peer, tag, polls): fewer for the dispatcher to check at
+    every call."""
+    template = numba.carray(void_pointer(words[0]), words[1], np.uint8)
+    return _send_steps(work, handles, template, data, words[2] != 0, words[3], words[4],
+                       sequence, words[5])
+
+
+@numba.njit(cache=True, nogil=True)
+def _receive_planned(handles, words, work, target) -> int:
+    """:func:`_receive_steps` with the arguments a plan keeps in ``words`` (the expected
+    header's address and bytes, peer, tag, polls)."""
+    expected = numba.carray(void_pointer(words[0]), words[1], np.uint8)
+    return _receive_steps(work, handles, expected, target, words[2], words[3], words[4])
+
+
+@numba.njit(cache=True, nogil=True)
 def _receive_matched(work, handles, buffer) -> int:
     """Receive the message a HEADER left matched into ``buffer``; 0 or an MPI error."""
     state = work[:_HEADER_BYTES].view(np.int64)
@@ -305,27 +328,44 @@ class CompiledMessages:
         return work
 
     def send_steps(self, work: np.ndarray, template: np.ndarray, data: np.ndarray,
-                   inline: bool, peer: int, tag: int, sequence: int) -> int:
+                   inline: bool, peer: int, tag: int, sequence: int,
+                   polls: int = POLLS) -> int:
         """Take the send's steps (``template``: its header with sequence number 0;
-        ``data``: bytes, in the first message when ``inline``); WAITING, MOVED, DONE or
-        REFUSED.
+        ``data``: bytes, in the first message when ``inline``), polling MPI up to
+        ``polls`` times; WAITING, MOVED, DONE or REFUSED.
 
         Raises:
             MPI.Exception: an MPI call failed.
         """
         return _checked(_send_steps(work, self._handles, template, data, inline, peer, tag,
-                                    sequence, POLLS))
+                                    sequence, polls))
 
     def receive_steps(self, work: np.ndarray, expected: np.ndarray, target: np.ndarray,
-                      peer: int, tag: int) -> int:
-        """Take the receive's steps into ``target`` (bytes); WAITING, MOVED, DONE or
-        HEADER (then :meth:`received` gives the message).
+                      peer: int, tag: int, polls: int = POLLS) -> int:
+        """Take the receive's steps into ``target`` (bytes), polling MPI up to ``polls``
+        times; WAITING, MOVED, DONE or HEADER (then :meth:`received` gives the
+        message).
 
         Raises:
             MPI.Exception: an MPI call failed.
         """
         return _checked(_receive_steps(work, self._handles, expected, target, peer, tag,
-                                       POLLS))
+                                       polls))
+
+    def planned_send(self, template: np.ndarray, inline: bool, peer: int, tag: int,
+                     polls: int) -> Callable[[np.ndarray, np.ndarray, int], int]:
+        """:meth:`send_steps` with all but the work buffer, the data and the sequence
+        number bound, as a kept plan calls them (:mod:`._p2p_plans`); the call returns
+        the code, or minus an MPI error (not raised)."""
+        return _bound(_send_planned, self._handles,
+                      [template.ctypes.data, template.size, inline, peer, tag, polls], template)
+
+    def planned_receive(self, expected: np.ndarray, peer: int, tag: int,
+                        polls: int) -> Callable[[np.ndarray, np.ndarray], int]:
+        """:meth:`receive_steps` with all but the work buffer and the target bound; the
+        call returns the code, or minus an MPI error (not raised)."""
+        return _bound(_receive_planned, self._handles,
+                      [expected.ctypes.data, expected.size, peer, tag, polls], expected)
 
     def received(self, work: np.ndarray) -> np.ndarray:
         """The message a receive's HEADER left (a copy).
@@ -341,6 +381,15 @@ class CompiledMessages:
         _checked(-_receive_matched(work, self._handles, message))
         return message
 
+
+
+def _bound(function: Callable[..., int], handles: np.ndarray, words: list[int],
+           kept: np.ndarray) -> Callable[..., int]:
+    """``function`` with ``handles`` and ``words`` bound; the result keeps ``kept``
+    alive, whose address ``words`` hold."""
+    bound = functools.partial(function, handles, np.array(words, np.int64))
+    bound.kept = kept  # type: ignore[attr-defined]
+    return bound
 
 
 def _checked(code: int) -> int:

@@ -176,25 +176,38 @@ class Engine:
         _wait_until(lambda: all(handle.settled for handle in handles), self.advance_all,
                     lambda: self._waiting_entry(handles), timeout)
 
-    def complete(self, operation: InFlight) -> None:
-        """Start ``operation`` and move it until it is done.
+    def moves_alone(self) -> bool:
+        """Whether a blocking call now moves its operation alone: nothing else of this
+        process in flight, and an MPI that any thread may call."""
+        return not self._pending and MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+
+    def complete(self, operation: InFlight) -> Any:
+        """Start ``operation``, move it until it is done and return its result (or raise
+        its error).
 
         A blocking send or receive while nothing else of this process is in flight (the
-        usual case) is moved alone, without the engine's list and lock; otherwise it
-        joins the others (:meth:`post`, :meth:`wait`) so that it completes in any order
-        with them. Messages are the same either way; alone, the operation takes its
-        steps in compiled code where it can (:mod:`._p2p_compiled`).
+        usual case, :meth:`moves_alone`) is moved alone, without the engine's list and
+        lock; otherwise it joins the others (:meth:`post`, :meth:`wait`) so that it
+        completes in any order with them. Messages are the same either way; alone, the
+        operation takes its steps in compiled code where it can (:mod:`._p2p_compiled`).
         """
-        if self._pending or MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        if not self.moves_alone():
             self.post([operation])
             self.wait([operation.handle])
-            return
+            return operation.handle.result()
         operation.alone = True
         operation.start()
-        if _advance_one(operation) and operation.handle.settled:
-            return  # a peer that was ready: no waiting loop
+        if not (_advance_one(operation) and operation.handle.settled):
+            self.wait_alone(operation)  # else a peer that was ready: no waiting loop
+        return operation.handle.result()
+
+    @staticmethod
+    def wait_alone(operation: InFlight) -> Any:
+        """Move ``operation``, started and moved alone, until it is done; its result
+        (or raise its error)."""
         _wait_until(lambda: operation.handle.settled, lambda: _advance_one(operation),
                     operation.wait_entry)
+        return operation.handle.result()
 
     def _waiting_entry(self, handles: Sequence[PeerHandle | Outcome]) -> PeerWait | None:
         with self._lock:
@@ -230,11 +243,17 @@ def _advance_one(operation: InFlight) -> bool:
     try:
         return operation.advance()
     except MPI.Exception as error:
-        operation.handle.set_exception(CommunicationError(
-            f"{operation.kind} of tensor {operation.handle.name!r} "
-            f"{operation.direction} rank {operation.peer_world} (tag "
-            f"{operation.tag}): MPI failed: {error}"))
+        operation.handle.set_exception(communication_error(
+            operation.kind, operation.handle.name, operation.direction,
+            operation.peer_world, operation.tag, error))
         return True
+
+
+def communication_error(kind: str, name: str | None, direction: str, peer_world: int,
+                        tag: int, error: MPI.Exception) -> CommunicationError:
+    """The error of a send or receive (``kind``) whose MPI call failed with ``error``."""
+    return CommunicationError(f"{kind} of tensor {name!r} {direction} rank {peer_world} "
+                              f"(tag {tag}): MPI failed: {error}")
 
 
 def _wait_until(done: Callable[[], bool], advance: Callable[[], bool],

@@ -37,7 +37,7 @@ import math
 import pickle
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -60,6 +60,63 @@ from the sender's array into the receiver's, than copied into and out of one mes
 _BYTE = np.dtype(np.uint8)  # a dtype object: numpy converts np.uint8 at every use
 _ACCEPTED = b"\x00"
 _REFUSED = b"\x01"
+
+
+def sends_inline(nbytes: int) -> bool:
+    """Whether data of ``nbytes`` travels in its header's message."""
+    return nbytes <= INLINE_MAX_BYTES
+
+
+class CompiledSend(NamedTuple):
+    """What a send of one kind of tensor needs to take its steps in compiled code.
+
+    Attributes:
+        compiled: the group's compiled steps.
+        template: the header, with sequence number 0.
+        inline: whether the data travels in the header's message.
+    """
+
+    compiled: CompiledMessages
+    template: np.ndarray
+    inline: bool
+
+
+def compiled_send(channels: Channels, dtype: np.dtype, shape: tuple[int, ...],
+                  name: str | None) -> CompiledSend | None:
+    """How a send of ``shape`` and ``dtype`` named ``name`` takes its steps in compiled
+    code, or None where it cannot (:func:`._p2p_compiled.fits`, compiled calls off)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    inline = sends_inline(nbytes)
+    template = header_template(inline, dtype, shape, name)
+    if not fits(template.size + (nbytes if inline else 0), nbytes):
+        return None
+    compiled = compiled_messages(channels)
+    return None if compiled is None else CompiledSend(compiled, template, inline)
+
+
+class CompiledReceive(NamedTuple):
+    """What a receive into one kind of tensor needs to take its steps in compiled code.
+
+    Attributes:
+        compiled: the group's compiled steps.
+        expected: the header it accepts (:func:`._p2p_header.expected_header`).
+    """
+
+    compiled: CompiledMessages
+    expected: np.ndarray
+
+
+def compiled_receive(channels: Channels, expectation: Expectation) -> CompiledReceive | None:
+    """How a receive that knows its shape and dtype takes its steps in compiled code,
+    or None where it cannot (its shape or dtype come from the sender,
+    :func:`._p2p_compiled.fits`, compiled calls off)."""
+    shape, dtype = expectation.shape, expectation.dtype
+    if shape is None or dtype is None:
+        return None
+    nbytes = math.prod(shape) * dtype.itemsize
+    compiled = compiled_messages(channels) if fits(0, nbytes) else None
+    return None if compiled is None else CompiledReceive(
+        compiled, expected_header(sends_inline(nbytes), dtype, shape, expectation.name))
 
 
 class Operation(InFlight):
@@ -88,12 +145,6 @@ class Operation(InFlight):
         self._requests: list[MPI.Request] = []
         self._kept: list[Any] = []  # buffers MPI still reads or writes
         self._compiled: CompiledMessages | None = None
-
-    def _compiled_steps(self, first_bytes: int, data_bytes: int) -> CompiledMessages | None:
-        """The compiled steps this operation takes, if it can: moved alone, and a
-        message they take (:func:`._p2p_compiled.fits`)."""
-        return compiled_messages(self.channels) \
-            if self.alone and fits(first_bytes, data_bytes) else None
 
     def wait_entry(self) -> PeerWait:
         """What this operation waits for, for the stall inspector."""
@@ -127,21 +178,15 @@ class SendOperation(Operation):
         super().__init__(handle, channels, peer, peer_world, me_world, tag)
         self._data = np.frombuffer(data, _BYTE)
         self._dtype, self._shape = data.dtype, tuple(data.shape)
-        self._inline = self._data.nbytes <= INLINE_MAX_BYTES
+        self._inline = sends_inline(self._data.nbytes)
         self._sequence = -1
         self._state = "reply"
 
     def start(self) -> None:
         self._sequence = self.channels.next_sequence(self.peer)
-        if self.alone:
-            template = header_template(self._inline, self._dtype, self._shape,
-                                       self.handle.name)
-            nbytes = self._data.nbytes
-            self._compiled = self._compiled_steps(
-                template.size + (nbytes if self._inline else 0), nbytes)
-            if self._compiled is not None:
-                self._template, self._work = template, self._compiled.begin()
-                return
+        if self.alone and self._take_compiled_steps():
+            self._work = self._compiled.begin()
+            return
         header = encode_header(self._inline, self._dtype, self._shape, self._sequence,
                                self.handle.name)
         message = np.frombuffer(header, np.uint8)
@@ -173,9 +218,29 @@ class SendOperation(Operation):
             return True
         return self._finish_if_done()
 
+    def resume(self, steps: CompiledSend, sequence: int, work: np.ndarray,
+               code: int) -> None:
+        """Take over a send whose first compiled call was made without this object
+        (:mod:`._p2p_plans`): by ``steps``, with ``sequence``, in this thread's
+        ``work``, returning ``code``."""
+        self.alone = True
+        self._compiled, self._template = steps.compiled, steps.template
+        self._sequence, self._work = sequence, work
+        self._compiled_code(code)
+
+    def _take_compiled_steps(self) -> bool:
+        steps = compiled_send(self.channels, self._dtype, self._shape, self.handle.name)
+        if steps is None:
+            return False
+        self._compiled, self._template = steps.compiled, steps.template
+        return True
+
     def _advance_compiled(self) -> bool:
-        code = self._compiled.send_steps(self._work, self._template, self._data,
-                                         self._inline, self.peer, self.tag, self._sequence)
+        return self._compiled_code(self._compiled.send_steps(
+            self._work, self._template, self._data, self._inline, self.peer, self.tag,
+            self._sequence))
+
+    def _compiled_code(self, code: int) -> bool:
         if code == DONE:
             self.handle.set_result(None)
         elif code == REFUSED:  # the messages are out; the Python steps take the reply
@@ -218,18 +283,29 @@ class ReceiveOperation(Operation):
             else None
 
     def start(self) -> None:
-        expected = self._expectation
-        if expected.shape is None or expected.dtype is None:
-            return  # the target is made from the header: the Python steps take it
-        nbytes = math.prod(expected.shape) * expected.dtype.itemsize
-        self._compiled = self._compiled_steps(0, nbytes)
-        if self._compiled is None:
-            return
-        self._work = self._compiled.begin()
-        self._array = self._target(expected)
+        if self.alone and self._take_compiled_steps():
+            self._work = self._compiled.begin()
+
+    def resume(self, steps: CompiledReceive, work: np.ndarray, code: int) -> None:
+        """Take over a receive whose first compiled call was made without this object
+        (:mod:`._p2p_plans`): by ``steps``, in this thread's ``work``, returning
+        ``code``."""
+        self.alone = True
+        self._work = work
+        self._set_compiled(steps)
+        self._compiled_code(code)
+
+    def _take_compiled_steps(self) -> bool:
+        steps = compiled_receive(self.channels, self._expectation)
+        if steps is None:
+            return False  # e.g. the target is made from the header: the Python steps
+        self._set_compiled(steps)
+        return True
+
+    def _set_compiled(self, steps: CompiledReceive) -> None:
+        self._compiled, self._expected = steps
+        self._array = self._target(self._expectation)
         self._bytes = np.frombuffer(self._array, _BYTE)
-        self._expected = expected_header(nbytes <= INLINE_MAX_BYTES, expected.dtype,
-                                         expected.shape, expected.name)
 
     def advance(self) -> bool:
         if self._compiled is not None:
@@ -247,8 +323,10 @@ class ReceiveOperation(Operation):
         return self._complete_if_done()
 
     def _advance_compiled(self) -> bool:
-        code = self._compiled.receive_steps(self._work, self._expected, self._bytes,
-                                            self.peer, self.tag)
+        return self._compiled_code(self._compiled.receive_steps(
+            self._work, self._expected, self._bytes, self.peer, self.tag))
+
+    def _compiled_code(self, code: int) -> bool:
         if code == DONE:
             self._state = "receiving"
             return self._complete_if_done()

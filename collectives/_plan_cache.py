@@ -59,6 +59,10 @@ class PlanCache(Generic[P]):
             pass
         return plan
 
+    def clear(self) -> None:
+        """Drop every plan."""
+        self._plans.clear()
+
     def __len__(self) -> int:
         return len(self._plans)
 

@@ -12,8 +12,8 @@ tensors through host memory.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -24,8 +24,11 @@ from ._ops import COPY_DTYPES, check_dtype
 from ._p2p_channels import Channels, channels_of
 from ._p2p_engine import ENGINE, Outcome, PeerHandle
 from ._p2p_header import Expectation, Header
+from ._p2p_plans import ReceivePlan, SendPlan
 from ._p2p_protocol import Operation, ReceiveOperation, SendOperation
+from ._plan_cache import PlanCache
 from ._process_sets import ProcessSet, resolve_group
+from .config import current_settings
 from .errors import InvalidArgumentError, subject
 
 
@@ -86,7 +89,10 @@ def send(tensor: Any, dst: int, tag: int = 0, name: str | None = None,
         InvalidArgumentError: a bad rank or tag, or a blocking send to this rank itself
             (it would wait for its own receive: use :func:`sendrecv` or :func:`isend`).
     """
-    _complete(_send_operation(tensor, dst, tag, name, process_set, Outcome))
+    if _planned(tensor, dst, tag):
+        _plan(_SEND_PLANS, SendPlan, "send", tensor, dst, tag, name, process_set).run(tensor)
+    else:
+        ENGINE.complete(_send_operation(tensor, dst, tag, name, process_set, Outcome))
 
 
 def isend(tensor: Any, dst: int, tag: int = 0, name: str | None = None,
@@ -120,7 +126,11 @@ def recv(tensor: Any = None, src: int = 0, tag: int = 0, name: str | None = None
         InvalidArgumentError: a bad rank or tag, or a blocking receive from this rank
             itself.
     """
-    return _complete(_receive_operation(tensor, src, tag, name, like, process_set, Outcome))
+    if tensor is not None and _planned(tensor, src, tag) and tensor.flags.writeable:
+        return _plan(_RECEIVE_PLANS, ReceivePlan, "recv", tensor, src, tag, name,
+                     process_set).run(tensor)
+    return ENGINE.complete(_receive_operation(tensor, src, tag, name, like, process_set,
+                                              Outcome))
 
 
 def irecv(tensor: Any = None, src: int = 0, tag: int = 0, name: str | None = None,
@@ -166,10 +176,32 @@ def batch_isend_irecv(operations: Sequence[SendOp | RecvOp],
     return [operation.handle for operation in prepared]
 
 
-def _complete(operation: Operation) -> Any:
-    """Run one blocking send or receive to its end; its result (None for a send)."""
-    ENGINE.complete(operation)
-    return operation.handle.result()
+def _planned(tensor: Any, peer: Any, tag: Any) -> bool:
+    """Whether a blocking call takes a kept plan (:mod:`._p2p_plans`): a C-contiguous
+    numpy array, and a peer and tag that are plain ints."""
+    return type(tensor) is np.ndarray and tensor.flags.c_contiguous and \
+        type(peer) is int and type(tag) is int
+
+
+P = TypeVar("P", SendPlan, ReceivePlan)
+
+
+def _plan(plans: PlanCache[P], make: Callable[..., P], what: str, array: np.ndarray,
+          peer: int, tag: int, name: str | None, process_set: ProcessSet | None) -> P:
+    """The plan kept for a blocking ``what`` (send or recv) like this one, made (the
+    call checked) if there is none."""
+    key = (peer, tag, name, process_set, array.dtype, array.shape)
+    plan = plans.get(key, process_set, what, name)
+    if plan is None:
+        route = _route(what, peer, tag, name, process_set, True)
+        check_dtype(array.dtype, COPY_DTYPES, what, name)
+        plan = plans.keep(key, make(resolve_group(process_set, what, name),
+                                    current_settings(), route, name, array))
+    return plan
+
+
+_SEND_PLANS: PlanCache[SendPlan] = PlanCache()
+_RECEIVE_PLANS: PlanCache[ReceivePlan] = PlanCache()
 
 
 def _wait_all(handles: Sequence[Handle]) -> list[Any]:
@@ -201,7 +233,7 @@ def _receive_operation(tensor: Any, src: Any, tag: Any, name: Any, like: Any,
                        handle_type: type[PeerHandle | Outcome]) -> ReceiveOperation:
     """A checked receive; a blocking one (``Outcome``) must not be from this rank."""
     route = _route("recv", src, tag, name, process_set, handle_type is Outcome)
-    expectation, target, finish = _receive_plan(tensor, name, like)
+    expectation, target, finish = _receive_into(tensor, name, like)
     return ReceiveOperation(handle_type("recv", name), *route, expectation, target, finish)
 
 
@@ -250,7 +282,7 @@ def _send_data(tensor: Any, name: str | None) -> np.ndarray:
     return array
 
 
-def _receive_plan(tensor: Any, name: str | None, like: Any) -> tuple[Expectation, Any, Any]:
+def _receive_into(tensor: Any, name: str | None, like: Any) -> tuple[Expectation, Any, Any]:
     """What the receive accepts, where its data goes and how it is returned."""
     if tensor is None:
         on_device = None if like is None else device_tensor(like, "recv", name)

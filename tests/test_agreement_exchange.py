@@ -119,7 +119,9 @@ expected = expected_header(True, np.dtype(np.uint8), (8,), None)
 for function, arguments in [
         (steps._send_steps, (work, handles, template, data, True, 1, 2, 3, 4)),
         (steps._receive_steps, (work, handles, expected, data, 1, 2, 3)),
-        (steps._receive_matched, (work, handles, data))]:
+        (steps._receive_matched, (work, handles, data)),
+        (steps._send_planned, (handles, np.zeros(6, np.int64), work, data, 3)),
+        (steps._receive_planned, (handles, np.zeros(5, np.int64), work, data))]:
     function.compile(tuple(numba.typeof(argument) for argument in arguments))
 print("cached")
 """

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 import ringtrain as rt
-from ringtrain.collectives import _p2p_protocol
+from ringtrain.collectives import _p2p_protocol, _point_to_point
 from ringtrain.kernels import BFLOAT16
 from _harness import (COPY_DTYPES, WORLD, assert_equal_arrays, check, expect_raises, main,
                       make_input)
@@ -109,7 +109,8 @@ def blocking_send_and_recv():
 def python_steps(on_this_rank: bool):
     """Blocking messages take the Python steps on this rank for the block, if asked; the
     compiled ones otherwise (see collectives/_p2p_compiled.py). Yields a list that says,
-    for each message that could take the compiled steps, whether it did."""
+    for each message (or kept plan, collectives/_p2p_plans.py) that could take the
+    compiled steps, whether it did."""
     compiled_messages = _p2p_protocol.compiled_messages
     taken: list[bool] = []
 
@@ -118,11 +119,18 @@ def python_steps(on_this_rank: bool):
         taken.append(compiled is not None)
         return compiled
 
+    _drop_kept_plans()
     _p2p_protocol.compiled_messages = counted
     try:
         yield taken
     finally:
         _p2p_protocol.compiled_messages = compiled_messages
+        _drop_kept_plans()
+
+
+def _drop_kept_plans() -> None:
+    _point_to_point._SEND_PLANS.clear()
+    _point_to_point._RECEIVE_PLANS.clear()
 
 
 def blocking_in_a_ring(tensor, dst: int, src: int, into, **names):
@@ -184,6 +192,53 @@ def blocking_messages_compiled_and_python_steps():
             assert_equal_arrays(after, np.full(3, left), f"{form} after the errors")
             assert taken and all(taken) != python_here and any(taken) != python_here, \
                 f"{form}: compiled steps taken {sum(taken)} times of {len(taken)}"
+
+
+@check(min_size=2)
+def repeated_blocking_calls_keep_their_plans():
+    """Blocking calls of numpy arrays keep a plan per kind of call (collectives/
+    _p2p_plans.py): repeated calls reuse it with the right data every time; a mismatch
+    through kept plans is raised on both ranks with nothing written; a process set
+    rebuilt after its removal gets new plans, never its freed communicators."""
+    me, right, left = neighbours()
+    kept = (_point_to_point._SEND_PLANS, _point_to_point._RECEIVE_PLANS)
+    for shape in [(7,), (3073,), (3, 40001)]:
+        _drop_kept_plans()
+        into = np.empty(shape, np.float32)
+        for step in range(12):
+            blocking_in_a_ring(data(me, shape, np.float32, step), right, left, into,
+                               send_name="kept", recv_name="kept")
+            assert_equal_arrays(into, data(left, shape, np.float32, step), f"{shape} {step}")
+        assert [len(plans) for plans in kept] == [1, 1], [len(plans) for plans in kept]
+    partner = me + 1 if me % 2 == 0 else me - 1
+    if partner < rt.size():
+        for shape, expected_shape in [((5,), (6,)), ((9000,), (9001,))]:
+            sent = np.ones(shape)
+            for _ in range(3):  # the plans are kept before the mismatch meets them
+                blocking_in_a_ring(sent, partner, partner, np.empty(shape))
+            if me % 2 == 0:
+                expect_raises(rt.MessageMismatchError, rt.send, sent, partner, tag=2,
+                              match=["(tag 2)", "expected shape"])
+            else:
+                target = np.zeros(expected_shape)
+                expect_raises(rt.MessageMismatchError, rt.recv, target, partner, tag=2,
+                              match=["(tag 2)", "expected shape"])
+                assert not target.any(), f"{shape}: the target was written"
+            after = blocking_in_a_ring(sent * 2, partner, partner, np.empty(shape))
+            assert_equal_arrays(after, np.full(shape, 2.0), f"{shape} after the mismatch")
+    everyone = rt.add_process_set(range(rt.size()))
+    for round_ in range(2):
+        got = np.empty(4, np.int64)
+        for step in range(3):
+            if me % 2 == 0:
+                rt.send(np.full(4, 10 * me + step), right, tag=8, process_set=everyone)
+                rt.recv(got, left, tag=8, process_set=everyone)
+            else:
+                rt.recv(got, left, tag=8, process_set=everyone)
+                rt.send(np.full(4, 10 * me + step), right, tag=8, process_set=everyone)
+            assert_equal_arrays(got, np.full(4, 10 * left + step), f"set, round {round_}")
+        rt.barrier()
+        rt.remove_process_set(everyone)  # the next round rebuilds it
 
 
 @check
