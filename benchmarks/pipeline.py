@@ -6,7 +6,7 @@ point-to-point tensors against mpi4py's own Send/Recv.
 
 **Point-to-point** (ranks 0 and 1): a ping-pong of float32 messages of every power of
 two from 16 B to ``--max-bytes``; ``rt.send``/``rt.recv`` (header checked by the pair;
-data in the header's message up to 12 KiB, behind it above) against
+data in the header's message up to 4 KiB, behind it above) against
 ``comm.Send``/``comm.Recv`` on a duplicate of ``MPI.COMM_WORLD``, on the same buffers,
 interleaved round by round. Each
 row: the median over ``--rounds`` rounds of the one-way time (half a round trip, averaged

@@ -21,8 +21,8 @@ from _harness import (COPY_DTYPES, WORLD, assert_equal_arrays, check, expect_rai
                       make_input)
 
 DTYPES = COPY_DTYPES + [np.dtype(BFLOAT16)]
-# Below, at and above the size whose data travels with the header (12 KiB).
-SHAPES = [(), (0,), (7,), (3, 5), (0, 4), (3072,), (3073,), (3, 40001)]
+# Below, at and above the size whose data travels with the header (4 KiB).
+SHAPES = [(), (0,), (7,), (3, 5), (0, 4), (1024,), (1025,), (3, 40001)]
 
 
 def data(sender: int, shape, dtype, *key) -> np.ndarray:
@@ -154,7 +154,7 @@ def blocking_messages_compiled_and_python_steps():
                               ("mixed", me % 2 == 1)]:
         with python_steps(python_here) as taken:
             for dtype in DTYPES:
-                for shape in [(), (0,), (7,), (3, 5), (3072,), (3073,), (3, 40001)]:
+                for shape in [(), (0,), (7,), (3, 5), (1024,), (1025,), (3, 40001)]:
                     if dtype.itemsize > 2 and np.prod(shape) > 20000 and dtype.kind != "f":
                         continue
                     mine = data(me, shape, dtype, "blocking")
@@ -202,7 +202,7 @@ def repeated_blocking_calls_keep_their_plans():
     rebuilt after its removal gets new plans, never its freed communicators."""
     me, right, left = neighbours()
     kept = (_point_to_point._SEND_PLANS, _point_to_point._RECEIVE_PLANS)
-    for shape in [(7,), (3073,), (3, 40001)]:
+    for shape in [(7,), (1025,), (3, 40001)]:
         _drop_kept_plans()
         into = np.empty(shape, np.float32)
         for step in range(12):
