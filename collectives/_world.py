@@ -8,7 +8,9 @@ import os
 from mpi4py import MPI
 
 from ..kernels import set_host_threads
-from ..variables import TIMELINE, TIMELINE_MERGED_BY_LAUNCHER, horovod_lines
+from ..excepthook import install_unless_replaced
+from ..variables import STOP_JOB_ON_EXCEPTION, TIMELINE, TIMELINE_MERGED_BY_LAUNCHER, \
+    horovod_lines
 from . import timeline
 from ._activity import ACTIVITY
 from ._executor import Executor
@@ -83,6 +85,8 @@ def init(comm: MPI.Comm | None = None) -> None:
         timeline.start_timeline(path, MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
         if MPI.COMM_WORLD.Get_size() > 1 and not TIMELINE_MERGED_BY_LAUNCHER.read():
             merge_at_exit(path)
+    if MPI.COMM_WORLD.Get_size() > 1 and STOP_JOB_ON_EXCEPTION.read():
+        install_unless_replaced()  # a rank's unhandled exception ends the job
     base = MPI.COMM_WORLD if comm is None else comm
     own = base.Dup()
     own.Set_name("ringtrain")

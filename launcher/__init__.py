@@ -9,9 +9,9 @@ Modules: ``cli`` (the command line), ``hosts`` (host lists), ``mpi_vendor`` (whi
 ``mpiexec``, whose), ``command`` (the ``mpiexec`` argv per vendor), ``job`` (running
 ``mpiexec``, stopping a failed job), ``restart`` (restarting a failed job:
 ``--max-restarts``, host discovery), ``rank`` (the per-rank supervisor), ``rank_env``
-(rank identity and per-rank defaults), ``run_python`` and ``excepthook`` (the user's
-Python program and its exception hook), ``streams`` and ``report`` (output prefixes and
-exit records), ``check_build`` and ``build_probe`` (``--check-build``).
+(per-rank defaults), ``run_python`` (the user's Python program, under the exception hook
+of :mod:`ringtrain.excepthook`), ``streams`` and ``report`` (output prefixes and exit
+records), ``check_build`` and ``build_probe`` (``--check-build``).
 
 This package never imports mpi4py or the other ringtrain packages at start-up
 (importing ``mpi4py.MPI`` initializes MPI); only ``build_probe``, run in a subprocess

@@ -39,8 +39,9 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .excepthook import REPORT_FD_VARIABLE
-from .rank_env import nvidia_gpus, rank_defaults, rank_identity, usable_cores
+from ..excepthook import REPORT_FD_VARIABLE
+from ..rank_identity import rank_identity
+from .rank_env import nvidia_gpus, rank_defaults, usable_cores
 from .parent_death import signal_on_parent_death
 from .report import RankExit, encode
 from .streams import LinePrefixer, write_all

@@ -421,6 +421,12 @@ GPU_BY_LOCAL_RANK: Variable[bool] = _declare(Variable(
     switch("each rank uses the GPU at its local rank", "leave the choice to the application"),
     True, "1: init makes the GPU at the local rank current unless one was chosen; 0: off",
     policy=RAISE, blank_is_unset=True))
+STOP_JOB_ON_EXCEPTION: Variable[bool] = _declare(Variable(
+    "RINGTRAIN_STOP_JOB_ON_EXCEPTION",
+    switch("an unhandled exception ends the job", "Python's own exception hook"), True,
+    "1: init (in a job of several processes) makes an unhandled exception print the "
+    "rank's traceback and end the job, unless the program set its own hook; 0: off",
+    blank_is_unset=True))
 
 TUNING_FILE: Variable[str | None] = _declare(Variable(
     "RINGTRAIN_TUNING_FILE", parse_text, None,

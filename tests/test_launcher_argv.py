@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ringtrain.launcher import command as command_module
-from ringtrain.launcher import excepthook
+from ringtrain import excepthook
 from ringtrain.launcher import rank_env
 from ringtrain.launcher.cli import CommandLineError, kvstore_servers, parse_environment
 from ringtrain.launcher.command import (PYTHON_RUNNER_MODULE, SUPERVISOR_MODULE, CommandError,
@@ -22,7 +22,8 @@ from ringtrain.launcher.command import (PYTHON_RUNNER_MODULE, SUPERVISOR_MODULE,
                                         wrap_python_command)
 from ringtrain.launcher.hosts import Host, HostListError, parse_host_list, read_hostfile
 from ringtrain.launcher.mpi_vendor import Vendor, detect_vendor, vendor_version
-from ringtrain.launcher.rank_env import RankIdentity, rank_defaults, rank_identity
+from ringtrain.launcher.rank_env import rank_defaults
+from ringtrain.rank_identity import RankIdentity, rank_identity
 from ringtrain.launcher.report import RankExit, decode, describe, encode
 from ringtrain.launcher.streams import LinePrefixer, RecordFilter
 
@@ -471,13 +472,28 @@ def test_no_launcher_module_but_the_probe_imports_mpi4py_or_the_collectives(tmp_
     probe = ("import importlib, json, sys\n"
              f"for name in {modules!r}:\n"
              "    importlib.import_module('ringtrain.launcher.' + name)\n"
+             "importlib.import_module('ringtrain.excepthook')\n"
              "print(json.dumps(sorted(m for m in sys.modules if m.startswith("
              "('mpi4py', 'ringtrain.collectives', 'ringtrain.kernels')))))\n")
     result = subprocess.run([sys.executable, "-I", "-c", probe], cwd=tmp_path,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
-    assert "rank" in modules and "job" in modules and "excepthook" in modules
+    assert "rank" in modules and "job" in modules and "run_python" in modules
+
+
+def test_init_keeps_a_hook_the_program_set(monkeypatch):
+    """ringtrain.init installs the hook only over Python's own (the runner's, a
+    debugger's or the program's stays)."""
+    def own_hook(*_):
+        pass
+
+    monkeypatch.setattr(sys, "excepthook", own_hook)
+    excepthook.install_unless_replaced()
+    assert sys.excepthook is own_hook
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    excepthook.install_unless_replaced()
+    assert sys.excepthook is excepthook.report_and_stop
 
 
 def test_an_aborting_rank_waits_until_its_output_in_a_pipe_is_read(tmp_path):

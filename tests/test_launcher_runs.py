@@ -186,6 +186,21 @@ def test_the_runner_under_plain_mpiexec_aborts_the_job_on_an_exception():
 
 
 @needs_mpi
+def test_under_plain_mpiexec_init_makes_an_exception_end_the_job():
+    """``mpiexec -n 2 python train.py``: no runner, yet ringtrain.init installed the hook,
+    so rank 0, waiting in an allreduce for rank 1, does not wait forever."""
+    token = f"token-{uuid.uuid4().hex}"
+    run = run_with_timeout([find_mpiexec(), "-n", "2", sys.executable, FAILING, "raise",
+                            token])
+    assert_nothing_left(token)
+    assert run.returncode != 0, run
+    assert run.seconds < FAST, run
+    assert "======== unhandled exception on rank 1 of 2; stopping the job ========" in run.stderr
+    assert "ValueError: rank 1 cannot go on" in run.stderr, run
+    assert "the allreduce returned" not in run.stdout, run
+
+
+@needs_mpi
 def test_a_rank_that_fails_before_mpi_starts_ends_the_job():
     run = failing_run("early")
     assert run.seconds < FAST, run

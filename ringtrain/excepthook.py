@@ -1,8 +1,11 @@
 """An exception hook that shows a rank's traceback once, marked, and stops the whole job.
 
 Without it, a rank that dies of an exception after ``MPI_Init`` leaves the others
-blocked in their next collective, and its own exit blocks in ``MPI_Finalize``. With it,
-the traceback is printed between two banner lines naming the rank, and then:
+blocked in their next collective, and its own exit blocks in ``MPI_Finalize``. The
+runner (:mod:`ringtrain.launcher.run_python`) installs it before the program starts;
+``ringtrain.init`` installs it in a job of several processes where the program kept
+Python's own hook (``RINGTRAIN_STOP_JOB_ON_EXCEPTION=0``: not). With it, the traceback
+is printed between two banner lines naming the rank, and then:
 
 * under the ``ringtrain-run`` supervisor, the process ends at once with ``os._exit`` (no
   ``MPI_Finalize``); the supervisor passes on all of the output, reports the exception
@@ -28,8 +31,8 @@ import traceback
 from collections.abc import Collection
 from types import TracebackType
 
-from ..variables import REPORT_FD
-from .rank_env import rank_identity
+from .rank_identity import rank_identity
+from .variables import REPORT_FD
 
 REPORT_FD_VARIABLE = REPORT_FD.name
 """Set by the supervisor to a pipe on which the hook reports the exception."""
@@ -60,6 +63,15 @@ def install(hidden_files: Collection[str] = ()) -> None:
         except OSError:
             _report_fd = None
     sys.excepthook = report_and_stop
+
+
+def install_unless_replaced() -> None:
+    """:func:`install`, unless the program replaced Python's own hook (with the runner's,
+    a debugger's, its own): what ``ringtrain.init`` does in a job of several processes,
+    so that under plain ``mpiexec`` too an unhandled exception on one rank ends the job
+    instead of leaving the others waiting for it."""
+    if sys.excepthook is sys.__excepthook__:
+        install()
 
 
 def is_supervised() -> bool:
