@@ -174,24 +174,20 @@ def test_a_non_zero_exit_after_joining_mpi_ends_the_job():
 
 @needs_mpi
 def test_the_runner_under_plain_mpiexec_aborts_the_job_on_an_exception():
-    token = f"token-{uuid.uuid4().hex}"
-    run = run_with_timeout([find_mpiexec(), "-n", "2", sys.executable, "-m",
-                            "ringtrain.launcher.run_python", FAILING, "raise", token])
-    assert_nothing_left(token)
-    assert run.returncode != 0, run
-    assert run.seconds < FAST, run
-    assert "======== unhandled exception on rank 1 of 2; stopping the job ========" in run.stderr
-    assert "ValueError: rank 1 cannot go on" in run.stderr, run
-    assert "the allreduce returned" not in run.stdout, run
+    assert_plain_mpiexec_stops_at_rank_1s_exception("-m", "ringtrain.launcher.run_python")
 
 
 @needs_mpi
 def test_under_plain_mpiexec_init_makes_an_exception_end_the_job():
     """``mpiexec -n 2 python train.py``: no runner, yet ringtrain.init installed the hook,
     so rank 0, waiting in an allreduce for rank 1, does not wait forever."""
+    assert_plain_mpiexec_stops_at_rank_1s_exception()
+
+
+def assert_plain_mpiexec_stops_at_rank_1s_exception(*python_options: str) -> None:
     token = f"token-{uuid.uuid4().hex}"
-    run = run_with_timeout([find_mpiexec(), "-n", "2", sys.executable, FAILING, "raise",
-                            token])
+    run = run_with_timeout([find_mpiexec(), "-n", "2", sys.executable, *python_options,
+                            FAILING, "raise", token])
     assert_nothing_left(token)
     assert run.returncode != 0, run
     assert run.seconds < FAST, run
