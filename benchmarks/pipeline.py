@@ -10,7 +10,9 @@ data in the header's message up to 4 KiB, behind it above) against
 ``comm.Send``/``comm.Recv`` on a duplicate of ``MPI.COMM_WORLD``, on the same buffers,
 interleaved round by round. Each
 row: the median over ``--rounds`` rounds of the one-way time (half a round trip, averaged
-over the round's repeats), the bandwidth, and ringtrain's time over mpi4py's.
+over the round's repeats), the bandwidth, and ringtrain's time over mpi4py's. Then the
+same ping-pong of torch CPU tensors against numpy arrays over the same memory, at a few
+sizes.
 
 **Pipeline** (every rank a stage): an MLP of ``--layers`` Linear(width, width) + ReLU
 layers split evenly, a batch of ``--batch`` rows, SGD; for 1, 2, 4 and 8 micro-batches
@@ -37,6 +39,7 @@ import ringtrain as rt
 from ringtrain.pipeline import PipelineTrainer, bubble_fraction
 
 MICROBATCHES = (1, 2, 4, 8)
+TORCH_BYTES = (16, 4096, 65536, 1 << 20)
 
 
 def parse_arguments() -> argparse.Namespace:
@@ -97,8 +100,38 @@ def point_to_point(args: argparse.Namespace) -> None:
                       f"{nbytes / ours_s / 1e9:>7.2f} {nbytes / theirs_s / 1e9:>12.2f} "
                       f"{ours_s / theirs_s:>6.2f}", flush=True)
             nbytes *= 2
+        torch_tensors(args, peer, first)
     comm.Free()
     rt.barrier()
+
+
+def torch_tensors(args: argparse.Namespace, peer: int, first: bool) -> None:
+    """rt.send/rt.recv of torch CPU tensors against the same of numpy arrays over the
+    same memory, interleaved round by round."""
+    if rt.rank() == 0:
+        print(f"\ntorch CPU tensors, ranks 0 and 1 (one-way time, median of {args.rounds} "
+              f"rounds)\n{'bytes':>10} {'numpy us':>9} {'torch us':>9} {'ratio':>6}")
+    for nbytes in TORCH_BYTES:
+        data = np.ones(nbytes // 4, np.float32)
+        into = np.empty_like(data)
+        tensor, tensor_into = torch.from_numpy(data), torch.from_numpy(into)
+        repeats = max(3, min(200, (4 << 20) // nbytes))
+        methods = {
+            "numpy": (lambda p: rt.send(data, p, name="x"),
+                      lambda p: rt.recv(into, p, name="x")),
+            "torch": (lambda p: rt.send(tensor, p, name="x"),
+                      lambda p: rt.recv(tensor_into, p, name="x")),
+        }
+        times: dict[str, list[float]] = {method: [] for method in methods}
+        for calls in methods.values():  # warm up each
+            ping_pong(*calls, peer, first, 2)
+        for _ in range(args.rounds):
+            for method, calls in methods.items():
+                times[method].append(ping_pong(*calls, peer, first, repeats))
+        numpy_s, torch_s = (statistics.median(times[method]) for method in methods)
+        if rt.rank() == 0:
+            print(f"{nbytes:>10} {numpy_s * 1e6:>9.1f} {torch_s * 1e6:>9.1f} "
+                  f"{torch_s / numpy_s:>6.2f}", flush=True)
 
 
 # ------------------------------------------------------------------ the pipeline

@@ -53,11 +53,11 @@ def torch_view(tensor: Any, collective: str, name: str | None) -> np.ndarray:
         UnsupportedDtypeError: a tensor on a device other than the CPU or a CUDA GPU, or
             of a dtype neither numpy nor ringtrain has (complex32, float8, ...).
     """
-    if tensor.device.type != "cpu":
+    if not tensor.is_cpu:
         raise UnsupportedDtypeError(
             f"{subject(collective, name)}: the tensor is on {tensor.device}; the "
             f"collectives take CPU and CUDA tensors")
-    detached = tensor.detach()
+    detached = tensor.detach() if tensor.requires_grad else tensor
     torch = sys.modules["torch"]
     if detached.dtype is torch.bfloat16:
         return detached.view(torch.int16).numpy().view(BFLOAT16)

@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ._buffers import DeviceTensor, device_tensor, is_torch_tensor, torch_from_host
+from ._buffers import DeviceTensor, device_tensor, is_torch_tensor, torch_from_host, \
+    torch_view
 from ._checks import in_place_array, input_array
 from ._executor import Handle
 from ._ops import COPY_DTYPES, check_dtype
@@ -29,7 +30,7 @@ from ._p2p_protocol import Operation, ReceiveOperation, SendOperation
 from ._plan_cache import PlanCache
 from ._process_sets import ProcessSet, resolve_group
 from .config import current_settings
-from .errors import InvalidArgumentError, subject
+from .errors import InvalidArgumentError, UnsupportedDtypeError, subject
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,8 +90,9 @@ def send(tensor: Any, dst: int, tag: int = 0, name: str | None = None,
         InvalidArgumentError: a bad rank or tag, or a blocking send to this rank itself
             (it would wait for its own receive: use :func:`sendrecv` or :func:`isend`).
     """
-    if _planned(tensor, dst, tag):
-        _plan(_SEND_PLANS, SendPlan, "send", tensor, dst, tag, name, process_set).run(tensor)
+    array = _plannable(tensor, dst, tag)
+    if array is not None:
+        _plan(_SEND_PLANS, SendPlan, "send", array, dst, tag, name, process_set).run(array)
     else:
         ENGINE.complete(_send_operation(tensor, dst, tag, name, process_set, Outcome))
 
@@ -126,9 +128,10 @@ def recv(tensor: Any = None, src: int = 0, tag: int = 0, name: str | None = None
         InvalidArgumentError: a bad rank or tag, or a blocking receive from this rank
             itself.
     """
-    if tensor is not None and _planned(tensor, src, tag) and tensor.flags.writeable:
-        return _plan(_RECEIVE_PLANS, ReceivePlan, "recv", tensor, src, tag, name,
-                     process_set).run(tensor)
+    array = None if tensor is None else _plannable(tensor, src, tag)
+    if array is not None and array.flags.writeable:
+        _plan(_RECEIVE_PLANS, ReceivePlan, "recv", array, src, tag, name, process_set).run(array)
+        return tensor
     return ENGINE.complete(_receive_operation(tensor, src, tag, name, like, process_set,
                                               Outcome))
 
@@ -176,11 +179,20 @@ def batch_isend_irecv(operations: Sequence[SendOp | RecvOp],
     return [operation.handle for operation in prepared]
 
 
-def _planned(tensor: Any, peer: Any, tag: Any) -> bool:
-    """Whether a blocking call takes a kept plan (:mod:`._p2p_plans`): a C-contiguous
-    numpy array, and a peer and tag that are plain ints."""
-    return type(tensor) is np.ndarray and tensor.flags.c_contiguous and \
-        type(peer) is int and type(tag) is int
+def _plannable(tensor: Any, peer: Any, tag: Any) -> np.ndarray | None:
+    """The host array with which a blocking call takes a kept plan (:mod:`._p2p_plans`):
+    a C-contiguous numpy array, or the memory of a contiguous torch CPU tensor, with a
+    peer and a tag that are plain ints; else None (the general path)."""
+    if type(peer) is not int or type(tag) is not int:
+        return None
+    if type(tensor) is np.ndarray:
+        return tensor if tensor.flags.c_contiguous else None
+    if is_torch_tensor(tensor) and tensor.is_cpu and tensor.is_contiguous():
+        try:
+            return torch_view(tensor, "send", None)
+        except UnsupportedDtypeError:  # the general path says so, naming the call
+            return None
+    return None
 
 
 P = TypeVar("P", SendPlan, ReceivePlan)

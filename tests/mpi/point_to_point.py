@@ -199,7 +199,8 @@ def repeated_blocking_calls_keep_their_plans():
     """Blocking calls of numpy arrays keep a plan per kind of call (collectives/
     _p2p_plans.py): repeated calls reuse it with the right data every time; a mismatch
     through kept plans is raised on both ranks with nothing written; a process set
-    rebuilt after its removal gets new plans, never its freed communicators."""
+    rebuilt after its removal gets new plans, never its freed communicators. Torch CPU
+    tensors take plans over their memory."""
     me, right, left = neighbours()
     kept = (_point_to_point._SEND_PLANS, _point_to_point._RECEIVE_PLANS)
     for shape in [(7,), (1025,), (3, 40001)]:
@@ -226,6 +227,18 @@ def repeated_blocking_calls_keep_their_plans():
                 assert not target.any(), f"{shape}: the target was written"
             after = blocking_in_a_ring(sent * 2, partner, partner, np.empty(shape))
             assert_equal_arrays(after, np.full(shape, 2.0), f"{shape} after the mismatch")
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):  # over their memory
+        _drop_kept_plans()
+        mine = (torch.arange(9000) * (me + 1)).to(dtype).requires_grad_(dtype.is_floating_point)
+        into = torch.zeros(9000, dtype=dtype)
+        for step in range(3):
+            got = blocking_in_a_ring(mine, right, left, into)
+            assert got is into and torch.equal(into, (torch.arange(9000) * (left + 1)).to(dtype)), \
+                (dtype, step)
+        assert [len(plans) for plans in kept] == [1, 1], (dtype, [len(p) for p in kept])
+    strided = torch.zeros(6, 4)  # a transposed target takes the general path
+    got = blocking_in_a_ring(torch.full((4, 6), float(me)), right, left, strided.t())
+    assert torch.equal(strided.t(), torch.full((4, 6), float(left))), "strided torch target"
     everyone = rt.add_process_set(range(rt.size()))
     for round_ in range(2):
         got = np.empty(4, np.int64)
