@@ -68,6 +68,21 @@ def ping_pong(send, recv, peer: int, first: bool, repeats: int) -> float:
     return (time.perf_counter() - start) / (2 * repeats)
 
 
+def interleaved_medians(methods: dict[str, tuple], rounds: int, peer: int, first: bool,
+                        nbytes: int) -> list[float]:
+    """Each method's median one-way seconds over ``rounds`` rounds, the methods taken in
+    turn within each round (after a warm-up of each), as many round trips a round as
+    moves about 4 MiB (3 to 200)."""
+    repeats = max(3, min(200, (4 << 20) // nbytes))
+    for calls in methods.values():
+        ping_pong(*calls, peer, first, 2)
+    times: dict[str, list[float]] = {method: [] for method in methods}
+    for _ in range(rounds):
+        for method, calls in methods.items():
+            times[method].append(ping_pong(*calls, peer, first, repeats))
+    return [statistics.median(times[method]) for method in methods]
+
+
 def point_to_point(args: argparse.Namespace) -> None:
     me = rt.rank()
     comm = MPI.COMM_WORLD.Dup()
@@ -82,19 +97,11 @@ def point_to_point(args: argparse.Namespace) -> None:
         while nbytes <= args.max_bytes:
             data = np.ones(nbytes // 4, np.float32)
             into = np.empty_like(data)
-            repeats = max(3, min(200, (4 << 20) // nbytes))
-            ours, theirs = [], []
-            methods = {
+            ours_s, theirs_s = interleaved_medians({
                 "ringtrain": (lambda p: rt.send(data, p, name="x"),
                               lambda p: rt.recv(into, p, name="x")),
                 "mpi4py": (lambda p: comm.Send(data, p), lambda p: comm.Recv(into, p)),
-            }
-            for method in methods.values():  # warm up both
-                ping_pong(*method, peer, first, 2)
-            for _ in range(args.rounds):
-                ours.append(ping_pong(*methods["ringtrain"], peer, first, repeats))
-                theirs.append(ping_pong(*methods["mpi4py"], peer, first, repeats))
-            ours_s, theirs_s = statistics.median(ours), statistics.median(theirs)
+            }, args.rounds, peer, first, nbytes)
             if me == 0:
                 print(f"{nbytes:>10} {ours_s * 1e6:>13.1f} {theirs_s * 1e6:>10.1f} "
                       f"{nbytes / ours_s / 1e9:>7.2f} {nbytes / theirs_s / 1e9:>12.2f} "
@@ -115,20 +122,12 @@ def torch_tensors(args: argparse.Namespace, peer: int, first: bool) -> None:
         data = np.ones(nbytes // 4, np.float32)
         into = np.empty_like(data)
         tensor, tensor_into = torch.from_numpy(data), torch.from_numpy(into)
-        repeats = max(3, min(200, (4 << 20) // nbytes))
-        methods = {
+        numpy_s, torch_s = interleaved_medians({
             "numpy": (lambda p: rt.send(data, p, name="x"),
                       lambda p: rt.recv(into, p, name="x")),
             "torch": (lambda p: rt.send(tensor, p, name="x"),
                       lambda p: rt.recv(tensor_into, p, name="x")),
-        }
-        times: dict[str, list[float]] = {method: [] for method in methods}
-        for calls in methods.values():  # warm up each
-            ping_pong(*calls, peer, first, 2)
-        for _ in range(args.rounds):
-            for method, calls in methods.items():
-                times[method].append(ping_pong(*calls, peer, first, repeats))
-        numpy_s, torch_s = (statistics.median(times[method]) for method in methods)
+        }, args.rounds, peer, first, nbytes)
         if rt.rank() == 0:
             print(f"{nbytes:>10} {numpy_s * 1e6:>9.1f} {torch_s * 1e6:>9.1f} "
                   f"{torch_s / numpy_s:>6.2f}", flush=True)

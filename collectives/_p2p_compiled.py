@@ -328,29 +328,27 @@ class CompiledMessages:
         return work
 
     def send_steps(self, work: np.ndarray, template: np.ndarray, data: np.ndarray,
-                   inline: bool, peer: int, tag: int, sequence: int,
-                   polls: int = POLLS) -> int:
+                   inline: bool, peer: int, tag: int, sequence: int) -> int:
         """Take the send's steps (``template``: its header with sequence number 0;
-        ``data``: bytes, in the first message when ``inline``), polling MPI up to
-        ``polls`` times; WAITING, MOVED, DONE or REFUSED.
+        ``data``: bytes, in the first message when ``inline``); WAITING, MOVED, DONE or
+        REFUSED.
 
         Raises:
             MPI.Exception: an MPI call failed.
         """
         return _checked(_send_steps(work, self._handles, template, data, inline, peer, tag,
-                                    sequence, polls))
+                                    sequence, POLLS))
 
     def receive_steps(self, work: np.ndarray, expected: np.ndarray, target: np.ndarray,
-                      peer: int, tag: int, polls: int = POLLS) -> int:
-        """Take the receive's steps into ``target`` (bytes), polling MPI up to ``polls``
-        times; WAITING, MOVED, DONE or HEADER (then :meth:`received` gives the
-        message).
+                      peer: int, tag: int) -> int:
+        """Take the receive's steps into ``target`` (bytes); WAITING, MOVED, DONE or
+        HEADER (then :meth:`received` gives the message).
 
         Raises:
             MPI.Exception: an MPI call failed.
         """
         return _checked(_receive_steps(work, self._handles, expected, target, peer, tag,
-                                       polls))
+                                       POLLS))
 
     def planned_send(self, template: np.ndarray, inline: bool, peer: int, tag: int,
                      polls: int) -> Callable[[np.ndarray, np.ndarray, int], int]:

@@ -12,8 +12,6 @@ stall inspector sees are the same either way.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from mpi4py import MPI
 
@@ -120,14 +118,10 @@ class ReceivePlan:
 
     def _operation(self, array: np.ndarray) -> ReceiveOperation:
         return ReceiveOperation(Outcome("recv", self.name), *self.route, self._expectation,
-                                lambda _: array, _same)
+                                lambda _: array, lambda _: array)
 
 
 def _first_polls() -> int:
     """How many times a plan's call polls: long enough for a ready peer, unless the
     node runs more ranks than cores (then the peer may need this core)."""
     return POLLS if cores_shared() else FIRST_POLLS
-
-
-def _same(array: Any) -> Any:
-    return array

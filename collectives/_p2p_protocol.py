@@ -225,16 +225,19 @@ class SendOperation(Operation):
         (:mod:`._p2p_plans`): by ``steps``, with ``sequence``, in this thread's
         ``work``, returning ``code``."""
         self.alone = True
-        self._compiled, self._template = steps.compiled, steps.template
         self._sequence, self._work = sequence, work
+        self._set_compiled(steps)
         self._compiled_code(code)
 
     def _take_compiled_steps(self) -> bool:
         steps = compiled_send(self.channels, self._dtype, self._shape, self.handle.name)
         if steps is None:
             return False
-        self._compiled, self._template = steps.compiled, steps.template
+        self._set_compiled(steps)
         return True
+
+    def _set_compiled(self, steps: CompiledSend) -> None:
+        self._compiled, self._template = steps.compiled, steps.template
 
     def _advance_compiled(self) -> bool:
         return self._compiled_code(self._compiled.send_steps(
