@@ -22,7 +22,7 @@ from typing import Any, ContextManager
 from mpi4py import MPI
 import numpy as np
 
-from ..kernels import BFLOAT16, device, divide_into, scale_into
+from ..kernels import BFLOAT16, device, scale_into
 from ..kernels.reduction import Combine
 from . import _ipc, _native
 from ._buffers import DeviceTensor
@@ -93,7 +93,7 @@ class StagedMemory(HostMemory):
         return self.settled(source)
 
     def settled(self, array: Any) -> Any:
-        device.synchronize(device.byte_view(array))
+        device.synchronize(array)
         return array
 
     def nbytes(self, array: Any) -> int:
@@ -110,12 +110,8 @@ class StagedMemory(HostMemory):
         return MPIMemory(array, dtype)
 
     def finish(self, values: Any, finish: Finisher | None) -> None:
-        """Divide and scale on the GPU, rounding as the host does."""
-        if finish is not None:
-            if finish.divisor != 1:
-                divide_into(values, finish.divisor, values)
-            if finish.postscale_factor != 1.0:
-                scale_into(values, finish.postscale_factor, values)
+        """Divide and scale on the GPU, rounding as the host does; return once done."""
+        queue_finish(values, finish)
         self.settled(values)
 
     def reduce(self, group: Group, algorithm: str, source: Any, result: Any, op: ReduceOp,
@@ -158,14 +154,32 @@ class IpcMemory(StagedMemory):
                combine: Combine, finish: Callable[[Any], None] | None, segment_bytes: int,
                encoding: str | None, layout: NodeLayout | None) -> None:
         if group.size > 1 and algorithm == "ipc":
-            finished = None if finish is None else (lambda values: self.finish(values, finish))
             if _ipc.allreduce(_ipc.node_buffers(group, self.ordinal), source, result, op,
-                              finished, encoding):
+                              finish, finishing, encoding):
                 return
             algorithm = host_allreduce_algorithm(self.nbytes(source), group.size,
                                                  current_settings())
         super().reduce(group, algorithm, source, result, op, combine, finish, segment_bytes,
                        encoding, layout)
+
+
+def finishing(values: Any, finish: Finisher | None) -> list[Callable[[], None]]:
+    """The kernels that divide and scale device ``values`` in place, rounding as the host
+    does, prepared (:func:`ringtrain.kernels.device.prepared_division`): each call of one
+    queues it on the values' stream."""
+    launches = []
+    if finish is not None:
+        if finish.divisor != 1:
+            launches.append(device.prepared_division(values, finish.divisor, values))
+        if finish.postscale_factor != 1.0:
+            launches.append(device.prepared_scaling(values, finish.postscale_factor, values))
+    return launches
+
+
+def queue_finish(values: Any, finish: Finisher | None) -> None:
+    """Queue the division and scaling of device ``values`` on their stream."""
+    for launch in finishing(values, finish):
+        launch()
 
 
 _KINDS: dict[str, type[StagedMemory]] = {STAGED: StagedMemory, AWARE: DirectMemory,

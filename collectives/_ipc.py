@@ -18,7 +18,10 @@ chunks, :func:`._ring.chunk_bounds`):
    writes its buffer again while a peer reads it).
 
 Everything is queued on the default stream, copies as single driver calls between
-device addresses.
+device addresses. What a shape of call (element count and dtype) reads and writes is
+worked out once and kept with the buffers (:class:`_Steps`): the chunks as kernel
+arrays and the reduction's kernels prepared for them, as numba takes longer to make a
+device array or to check a launch's arguments than the kernels take below a few MiB.
 
 Each element is reduced on one rank, in the order of the ring allreduce, with the same
 kernels as the host's twins, so the result is bit-identical on every rank and to the
@@ -37,8 +40,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from ..kernels import BFLOAT16, device, encoding_of, ipc
 from ..kernels.dtypes import BFLOAT16_ENCODING
+from ._data_phase import Finisher
 from ._group import Group
 from ._ops import ReduceOp
 from ._ring import chunk_bounds
@@ -49,6 +55,8 @@ ALIGNMENT = 256
 """Byte alignment of the reduced chunk's room (the device's allocation alignment)."""
 GRANULE = 2 << 20
 """Buffers grow in multiples of this many bytes."""
+MAX_KEPT_STEPS = 64
+"""Shapes of call whose views a group keeps (all are dropped when one more comes)."""
 
 
 class NodeBuffers:
@@ -71,6 +79,7 @@ class NodeBuffers:
         self.own: ipc.SharedBuffer | None = None
         self.peers: dict[int, ipc.PeerBuffer] = {}
         self.addresses: list[int] = []
+        self._steps: dict[tuple[int, np.dtype], _Steps] = {}
 
     def ensure(self, nbytes: int) -> bool:
         """Make every rank's buffer hold at least ``nbytes`` bytes (collective over the
@@ -82,6 +91,17 @@ class NodeBuffers:
     def array_of(self, rank: int) -> Any:
         """The buffer of group rank ``rank`` (this rank's own, or a mapped peer's)."""
         return self.own.array if rank == self.group.rank else self.peers[rank].array
+
+    def steps(self, count: int, dtype: np.dtype) -> _Steps:
+        """The views an allreduce of ``count`` elements of ``dtype`` works on, kept until
+        the buffers are exchanged again."""
+        key = (count, dtype)
+        steps = self._steps.get(key)
+        if steps is None:
+            if len(self._steps) >= MAX_KEPT_STEPS:
+                self._steps.clear()
+            steps = self._steps[key] = _Steps(self, count, dtype)
+        return steps
 
     def free(self) -> None:
         """Unmap the peers' buffers, then free the own one once every rank has unmapped
@@ -96,6 +116,7 @@ class NodeBuffers:
             peer.close()
         self.peers.clear()
         self.addresses = []
+        self._steps.clear()
         self.group.comm.Barrier()
         if self.own is not None:
             self.own.free()
@@ -163,61 +184,85 @@ def chain_order(chunk: int, size: int) -> list[int]:
     return [(chunk + 1 + step) % size for step in range(size)]
 
 
+class _Steps:
+    """An allreduce of one shape on this rank, set up once per buffer exchange: the
+    chunks' byte bounds, the room's offset, and the kernels that reduce this rank's
+    chunk, prepared per reduction (making numba's device arrays and launching through
+    its checks would cost more than the kernels themselves at most sizes)."""
+
+    def __init__(self, buffers: NodeBuffers, count: int, dtype: np.dtype):
+        group = buffers.group
+        itemsize = dtype.itemsize
+        self.nbytes = count * itemsize
+        self.bounds = [bound * itemsize for bound in chunk_bounds(count, group.size)]
+        self.room = _room_offset(count, itemsize)
+        start, end = self.bounds[group.rank], self.bounds[group.rank + 1]
+        self.chain = chain_order(group.rank, group.size)
+        self.chunks = {rank: device.view_as(buffers.array_of(rank)[start:end], dtype)
+                       for rank in self.chain}
+        self.reduced = device.view_as(
+            buffers.array_of(group.rank)[self.room:self.room + end - start], dtype)
+        self.encoding = encoding_of(dtype)
+        self._launches: dict[tuple, list[Callable[[], None]]] = {}
+
+    def launches(self, op: ReduceOp, finish: Finisher | None,
+                 finishing: Callable[[Any, Finisher | None], list[Callable[[], None]]]
+                 ) -> list[Callable[[], None]]:
+        """The kernels reducing this rank's chunk in the ring's order into the room,
+        then dividing and scaling it (``finishing`` prepares those)."""
+        key = (op, None if finish is None else (finish.divisor, finish.postscale_factor))
+        launches = self._launches.get(key)
+        if launches is None:
+            launches = []
+            if self.reduced.size:
+                first, second, *others = self.chain
+                launches.append(device.prepared_reduction(op.value, self.chunks[second],
+                                                          self.chunks[first], self.reduced,
+                                                          self.encoding))
+                launches += [device.prepared_reduction(op.value, self.chunks[other],
+                                                       self.reduced, self.reduced,
+                                                       self.encoding)
+                             for other in others]
+                launches += finishing(self.reduced, finish)
+            self._launches[key] = launches
+        return launches
+
+
 def allreduce(buffers: NodeBuffers, source: Any, result: Any, op: ReduceOp,
-              finish: Callable[[Any], None] | None, encoding: str | None) -> bool:
+              finish: Finisher | None,
+              finishing: Callable[[Any, Finisher | None], list[Callable[[], None]]],
+              encoding: str | None) -> bool:
     """Allreduce device ``source`` into device ``result`` (may be it) over the group's
     mapped buffers; False (nothing done) when the ranks cannot share device memory.
 
-    ``finish(values)`` divides and scales a reduced chunk on the device (or None);
-    ``encoding`` names the 16-bit format of uint16 elements (bfloat16 wire buffers).
+    ``finishing(values, finish)`` prepares the kernels that divide and scale a reduced
+    chunk in place on the default stream; ``encoding`` names the 16-bit format of uint16
+    elements (bfloat16 wire buffers).
     """
     group = buffers.group
-    dtype = device.dtype_of(source)
-    if encoding == BFLOAT16_ENCODING:
-        dtype = BFLOAT16
-    itemsize = dtype.itemsize
-    count = device.byte_view(source).size // itemsize
-    if not buffers.ensure(buffer_bytes(count, itemsize, group.size)):
+    dtype = BFLOAT16 if encoding == BFLOAT16_ENCODING else device.dtype_of(source)
+    nbytes = device.nbytes_of(source)
+    count = nbytes // dtype.itemsize
+    if not buffers.ensure(buffer_bytes(count, dtype.itemsize, group.size)):
         return False
     if count == 0:
         return True
-    encoding = encoding_of(dtype)
-    bounds = chunk_bounds(count, group.size)
-    room = _room_offset(count, itemsize)
-    rank, size = group.rank, group.size
-
-    def values(rank_of: int, start: int, end: int) -> Any:
-        """Elements ``start:end`` of a rank's input in its buffer."""
-        return device.view_as(buffers.array_of(rank_of)[start * itemsize:end * itemsize],
-                              dtype)
-
-    def reduced(rank_of: int) -> Any:
-        """The reduced chunk's room in a rank's buffer."""
-        length = (bounds[rank_of + 1] - bounds[rank_of]) * itemsize
-        return device.view_as(buffers.array_of(rank_of)[room:room + length], dtype)
-
-    with phase("copy in", bytes=count * itemsize, device=True):
-        device.copy_bytes(buffers.addresses[rank], device.address_of(source), count * itemsize)
+    steps = buffers.steps(count, dtype)
+    with phase("copy in", bytes=nbytes, device=True):
+        device.copy_bytes(buffers.addresses[group.rank], device.address_of(source), nbytes)
         device.synchronize_default()
         group.comm.Barrier()
-    start, end = bounds[rank], bounds[rank + 1]
-    with phase("reduce-scatter", bytes=count * itemsize, device=True):
-        if end > start:
-            mine = reduced(rank)
-            first, second, *others = chain_order(rank, size)
-            device.reduce_into(op.value, values(second, start, end),
-                               values(first, start, end), mine, encoding)
-            for other in others:
-                device.reduce_into(op.value, values(other, start, end), mine, mine, encoding)
-            if finish is not None:
-                finish(mine)
+    with phase("reduce-scatter", bytes=nbytes, device=True):
+        for launch in steps.launches(op, finish, finishing):
+            launch()
         device.synchronize_default()
         group.comm.Barrier()
-    with phase("allgather", bytes=count * itemsize, device=True):
+    with phase("allgather", bytes=nbytes, device=True):
         target = device.address_of(result)
-        for chunk in range(size):
-            a, b = bounds[chunk] * itemsize, bounds[chunk + 1] * itemsize
-            device.copy_bytes(target + a, buffers.addresses[chunk] + room, b - a)
+        for chunk in range(group.size):
+            start, end = steps.bounds[chunk], steps.bounds[chunk + 1]
+            device.copy_bytes(target + start, buffers.addresses[chunk] + steps.room,
+                              end - start)
         device.synchronize_default()
         group.comm.Barrier()
     return True

@@ -377,7 +377,7 @@ HIERARCHICAL_MIN_BYTES = _setting(
     "on several nodes, auto allreduce and broadcast are hierarchical from this size on",
     _at_least("hierarchical_min_bytes", 0))
 IPC_MIN_BYTES = _setting(
-    "ipc_min_bytes", parse_size, 4 << 20,
+    "ipc_min_bytes", parse_size, 0,
     "on one node, auto allreduce of device tensors runs on the GPUs through CUDA IPC "
     "from this size on",
     _at_least("ipc_min_bytes", 0))

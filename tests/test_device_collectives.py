@@ -30,9 +30,11 @@ def test_device_arrays_on_the_cuda_simulator(mode, nprocs):
                     "RINGTRAIN_TEST_CHECK_TIMEOUT": "240"})
 
 
-def test_device_tensors_on_a_gpu():
-    """Two ranks sharing the GPU, through host memory (an MPI from PyPI is not CUDA-aware:
-    device pointers would crash it); skips without a GPU unless RINGTRAIN_TEST_GPU=1."""
+@pytest.mark.parametrize("nprocs", [2, 4], ids=["np2", "np4"])
+def test_device_tensors_on_a_gpu(nprocs):
+    """Ranks sharing the GPU, through CUDA IPC and host memory (an MPI from PyPI is not
+    CUDA-aware: device pointers would crash it); skips without a GPU unless
+    RINGTRAIN_TEST_GPU=1."""
     require_gpu()
-    run_checks("device_collectives", 2, CHECKS, timeout=600,
+    run_checks("device_collectives", nprocs, CHECKS, timeout=600,
                env={"NUMBA_ENABLE_CUDASIM": "0", "RINGTRAIN_CUDA_AWARE_MPI": "0"})

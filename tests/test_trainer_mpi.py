@@ -34,10 +34,11 @@ def test_device_gradients_handed_to_a_cuda_aware_mpi(nprocs):
     assert re.search(rf"trainer_device\.py np={nprocs}: all 5 checks passed", output), output
 
 
-def test_device_gradients_on_a_gpu():
-    """Two ranks sharing the GPU; skips without one unless RINGTRAIN_TEST_GPU=1 demands it."""
+@pytest.mark.parametrize("nprocs", [2, 4], ids=["np2", "np4"])
+def test_device_gradients_on_a_gpu(nprocs):
+    """Ranks sharing the GPU; skips without one unless RINGTRAIN_TEST_GPU=1 demands it."""
     require_gpu()
     environment = {"NUMBA_ENABLE_CUDASIM": "0"}
-    output = run_mpi("trainer_device", 2, timeout=300, env=environment)
-    summary = re.search(r"trainer_device\.py np=2: all (\d+) checks passed", output)
+    output = run_mpi("trainer_device", nprocs, timeout=300, env=environment)
+    summary = re.search(rf"trainer_device\.py np={nprocs}: all (\d+) checks passed", output)
     assert summary and int(summary.group(1)) >= 5, output

@@ -386,6 +386,12 @@ def ipc_buffers_grow_and_are_mapped_once():
         assert capacities[0] == capacities[1] and capacities[-2] == capacities[-1], opened
         assert all(peers == [r for r in range(rt.size()) if r != rt.rank()]
                    for _, peers in opened), opened
+        # what a shape of call works on is set up once per exchange of the buffers
+        float32 = np.dtype(np.float32)
+        kept = buffers.steps(1000, float32)
+        rt.allreduce(down(np.ones(1000, np.float32)), name="grow", process_set=process_set,
+                     algorithm="ipc")
+        assert buffers.steps(1000, float32) is kept
     finally:
         _ipc.GRANULE = saved
         rt.remove_process_set(process_set)
