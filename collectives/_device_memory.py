@@ -32,7 +32,7 @@ from ._memory import AWARE, IPC, STAGED, HostMemory
 from ._ops import ReduceOp
 from ._selection import host_allreduce_algorithm
 from ._staging import scratch, through_host
-from ._topology import NodeLayout
+from ._topology import NodeLayout, hierarchy_for
 from .config import current_settings
 
 
@@ -146,7 +146,9 @@ class DirectMemory(StagedMemory):
 
 class IpcMemory(StagedMemory):
     """Device memory on GPU ``ordinal`` reduced on the GPUs of one node through CUDA IPC
-    (:mod:`._ipc`); through host memory where the ranks turn out unable to share it."""
+    (:mod:`._ipc`), or inside each node so by the hierarchical allreduce, whose chunks
+    cross the nodes through host memory; through host memory alone where the ranks turn
+    out unable to share device memory."""
 
     signature = IPC
 
@@ -159,6 +161,19 @@ class IpcMemory(StagedMemory):
                 return
             algorithm = host_allreduce_algorithm(self.nbytes(source), group.size,
                                                  current_settings())
+        elif algorithm == "hierarchical" and layout is not None and \
+                _ipc.serves_hierarchical(layout):
+            dtype = device.dtype_of(source)
+
+            def across(owners: Group, chunk: Any) -> None:
+                chosen = host_allreduce_algorithm(self.nbytes(chunk), owners.size,
+                                                  current_settings())
+                through_host(owners, chosen, chunk, chunk, dtype, op, combine, finish,
+                             segment_bytes, encoding, None, self.ordinal)
+
+            if _ipc.hierarchical_allreduce(group, hierarchy_for(group, layout), self.ordinal,
+                                           source, result, op, finishing, across, encoding):
+                return
         super().reduce(group, algorithm, source, result, op, combine, finish, segment_bytes,
                        encoding, layout)
 

@@ -28,6 +28,13 @@ kernels as the host's twins, so the result is bit-identical on every rank and to
 ring on host memory. No stream order crosses processes: a stream synchronize and an MPI
 barrier order the steps (a barrier on one node costs a few microseconds).
 
+Across nodes of equal size (:func:`hierarchical_allreduce`), each node runs steps 1
+and 2 on its own ranks without finishing the chunk; the owners of chunk r, one per node,
+then allreduce it through host memory (the staged path, on the chunk alone, finishing it),
+and each node runs step 3. Only the node sums cross the nodes, and only 1/L of the array
+crosses each rank's PCIe link (L ranks per node), where the staged hierarchical
+allreduce copies all of it down and up.
+
 Whether the ranks can map each other's memory is learnt once per group, by trying: every
 rank allocates, exports, opens its peers' buffers, and the ranks gather each other's
 outcome, so all of them know whether every one succeeded. If one did not, the group reduces through host memory
@@ -42,10 +49,13 @@ from typing import Any
 
 import numpy as np
 
+from mpi4py import MPI
+
 from ..kernels import BFLOAT16, device, encoding_of, ipc
 from ..kernels.dtypes import BFLOAT16_ENCODING
 from ._data_phase import Finisher
 from ._group import Group
+from ._topology import Hierarchy, NodeLayout
 from ._ops import ReduceOp
 from ._ring import chunk_bounds
 from ._tracing import phase
@@ -76,6 +86,7 @@ class NodeBuffers:
         self.ordinal = ordinal
         self.capacity = 0
         self.unavailable: str | None = None
+        self.exchanges = 0
         self.own: ipc.SharedBuffer | None = None
         self.peers: dict[int, ipc.PeerBuffer] = {}
         self.addresses: list[int] = []
@@ -123,8 +134,16 @@ class NodeBuffers:
             self.own = None
         self.capacity = 0
 
+    def refuse(self, reason: str) -> None:
+        """Stop sharing device memory, for ``reason`` (collective over the group)."""
+        self.unavailable = reason
+        if self.own is not None or self.peers:
+            with device.on_device(self.ordinal):
+                self._release()
+
     def _exchange(self, capacity: int) -> None:
         """Allocate buffers of ``capacity`` bytes on every rank and map the peers'."""
+        self.exchanges += 1
         self._release()
         reason = ipc.unavailable_reason()
         handle = None
@@ -206,8 +225,7 @@ class _Steps:
         self._launches: dict[tuple, list[Callable[[], None]]] = {}
 
     def launches(self, op: ReduceOp, finish: Finisher | None,
-                 finishing: Callable[[Any, Finisher | None], list[Callable[[], None]]]
-                 ) -> list[Callable[[], None]]:
+                 finishing: Finishing) -> list[Callable[[], None]]:
         """The kernels reducing this rank's chunk in the ring's order into the room,
         then dividing and scaling it (``finishing`` prepares those)."""
         key = (op, None if finish is None else (finish.divisor, finish.postscale_factor))
@@ -228,10 +246,15 @@ class _Steps:
         return launches
 
 
+Finishing = Callable[[Any, Finisher | None], list[Callable[[], None]]]
+"""Prepares the kernels that divide and scale reduced device values in place."""
+Across = Callable[[Group, Any], None]
+"""Allreduces a node's reduced chunk, in place on the device, among its owners on every
+node (the group given), and finishes it."""
+
+
 def allreduce(buffers: NodeBuffers, source: Any, result: Any, op: ReduceOp,
-              finish: Finisher | None,
-              finishing: Callable[[Any, Finisher | None], list[Callable[[], None]]],
-              encoding: str | None) -> bool:
+              finish: Finisher | None, finishing: Finishing, encoding: str | None) -> bool:
     """Allreduce device ``source`` into device ``result`` (may be it) over the group's
     mapped buffers; False (nothing done) when the ranks cannot share device memory.
 
@@ -239,25 +262,83 @@ def allreduce(buffers: NodeBuffers, source: Any, result: Any, op: ReduceOp,
     chunk in place on the default stream; ``encoding`` names the 16-bit format of uint16
     elements (bfloat16 wire buffers).
     """
-    group = buffers.group
-    dtype = BFLOAT16 if encoding == BFLOAT16_ENCODING else device.dtype_of(source)
-    nbytes = device.nbytes_of(source)
-    count = nbytes // dtype.itemsize
-    if not buffers.ensure(buffer_bytes(count, dtype.itemsize, group.size)):
+    count, dtype = _shape(source, encoding)
+    if not buffers.ensure(buffer_bytes(count, dtype.itemsize, buffers.group.size)):
         return False
-    if count == 0:
-        return True
-    steps = buffers.steps(count, dtype)
-    with phase("copy in", bytes=nbytes, device=True):
-        device.copy_bytes(buffers.addresses[group.rank], device.address_of(source), nbytes)
+    if count:
+        steps = buffers.steps(count, dtype)
+        _copy_in(buffers, steps, source)
+        _reduce_chunk(steps, op, finish, finishing)
+        buffers.group.comm.Barrier()
+        _copy_out(buffers, steps, result)
+    return True
+
+
+def hierarchical_allreduce(group: Group, hierarchy: Hierarchy, ordinal: int, source: Any,
+                           result: Any, op: ReduceOp, finishing: Finishing, across: Across,
+                           encoding: str | None) -> bool:
+    """Allreduce device ``source`` into ``result`` over ``group``, whose nodes all hold
+    the same number of ranks: reduce each chunk inside the node through CUDA IPC (its
+    local index's chunk on every rank), allreduce it among its owners on the other
+    nodes with ``across``, then copy every chunk of the node out. False (nothing done)
+    when some node's ranks cannot share device memory; all ranks of ``group`` learn it
+    together, and keep it."""
+    buffers = node_buffers(hierarchy.local, ordinal)
+    count, dtype = _shape(source, encoding)
+    exchanges = buffers.exchanges
+    usable = buffers.ensure(buffer_bytes(count, dtype.itemsize, hierarchy.local.size))
+    if buffers.exchanges != exchanges:  # on every node alike: the sizes are the same
+        everywhere = group.comm.allreduce(usable, op=MPI.LAND)
+        if usable and not everywhere:
+            buffers.refuse("the ranks of another node cannot share device memory")
+        if not everywhere and group.rank == 0:
+            LOGGER.info("hierarchical device allreduce between the ranks %s goes through "
+                        "host memory inside the nodes too: CUDA IPC is not usable on "
+                        "every node", list(group.world_ranks))
+        usable = everywhere
+    if not usable:
+        return False
+    if count:
+        steps = buffers.steps(count, dtype)
+        _copy_in(buffers, steps, source)
+        _reduce_chunk(steps, op, None, finishing)
+        across(hierarchy.cross[0], steps.reduced)
+        hierarchy.local.comm.Barrier()
+        _copy_out(buffers, steps, result)
+    return True
+
+
+def _shape(source: Any, encoding: str | None) -> tuple[int, np.dtype]:
+    """The element count and dtype of device ``source`` (uint16 bits of ``encoding``)."""
+    dtype = BFLOAT16 if encoding == BFLOAT16_ENCODING else device.dtype_of(source)
+    return device.nbytes_of(source) // dtype.itemsize, dtype
+
+
+def _copy_in(buffers: NodeBuffers, steps: _Steps, source: Any) -> None:
+    """Copy ``source`` into this rank's buffer; return once every rank's is there."""
+    group = buffers.group
+    with phase("copy in", bytes=steps.nbytes, device=True):
+        device.copy_bytes(buffers.addresses[group.rank], device.address_of(source),
+                          steps.nbytes)
         device.synchronize_default()
         group.comm.Barrier()
-    with phase("reduce-scatter", bytes=nbytes, device=True):
+
+
+def _reduce_chunk(steps: _Steps, op: ReduceOp, finish: Finisher | None,
+                  finishing: Finishing) -> None:
+    """Reduce (and finish, unless ``finish`` is None) this rank's chunk into its room;
+    return once it is there."""
+    with phase("reduce-scatter", bytes=steps.nbytes, device=True):
         for launch in steps.launches(op, finish, finishing):
             launch()
         device.synchronize_default()
-        group.comm.Barrier()
-    with phase("allgather", bytes=nbytes, device=True):
+
+
+def _copy_out(buffers: NodeBuffers, steps: _Steps, result: Any) -> None:
+    """Copy every rank's reduced chunk into ``result``; return once no rank reads this
+    rank's buffer any more."""
+    group = buffers.group
+    with phase("allgather", bytes=steps.nbytes, device=True):
         target = device.address_of(result)
         for chunk in range(group.size):
             start, end = steps.bounds[chunk], steps.bounds[chunk + 1]
@@ -265,7 +346,13 @@ def allreduce(buffers: NodeBuffers, source: Any, result: Any, op: ReduceOp,
                               end - start)
         device.synchronize_default()
         group.comm.Barrier()
-    return True
+
+
+def serves_hierarchical(layout: NodeLayout) -> bool:
+    """Whether the hierarchical allreduce of device memory on ``layout`` can reduce inside
+    the nodes through CUDA IPC, as far as this process can tell alone: every node holds
+    the same number of ranks, more than one, and this process can share device memory."""
+    return layout.uniform and layout.width > 1 and ipc.unavailable_reason() is None
 
 
 def unusable_reason(nodes: int) -> str | None:

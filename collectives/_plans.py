@@ -19,7 +19,7 @@ from ._ops import ReduceOp, resolve_op
 from ._plan_cache import PlanCache
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import (ADASUM, adasum_algorithm, allreduce_algorithm,
-                         device_allreduce_algorithm)
+                         device_allreduce_algorithm, reduces_inside_nodes_on_gpus)
 from ._topology import HIERARCHICAL, NodeLayout, layout_of
 from .config import current_settings
 
@@ -90,7 +90,7 @@ class AllreducePlan:
         self.algorithm = ADASUM if adasum else choose(
             algorithm, array.size * wire_dtype.itemsize, self.group.size, self.settings, name,
             self.layout, mpi_reduces(array.dtype))
-        if self.algorithm == "ipc":
+        if self.memory == STAGED and reduces_inside_nodes_on_gpus(self.algorithm, self.layout):
             self.memory = IPC
         self.call = Call(collective="allreduce", name=name, op=self.op.name,
                          dtype=array.dtype, shape=array.shape, algorithm=self.algorithm,
@@ -208,8 +208,9 @@ class GroupedCall:
                                    self.settings, name, self.layout,
                                    mpi_reduces(dtype))
                        for dtype in self.members}
-        if "ipc" in self.chosen.values():  # the other dtypes' buffers go through the host
-            self.memory = IPC
+        if self.memory == STAGED and any(reduces_inside_nodes_on_gpus(chosen, self.layout)
+                                         for chosen in self.chosen.values()):
+            self.memory = IPC  # the other dtypes' buffers go through the host
         hierarchical = next((c for c in self.chosen.values() if c in HIERARCHICAL), "")
         self.call = Call(collective="grouped_allreduce", name=name, op=self.op.name,
                          dtype=tuple(np.dtype(a.dtype) for a in arrays),

@@ -118,6 +118,18 @@ def device_allreduce_algorithm(algorithm: str | None, nbytes: int, size: int,
                                settings, name, layout, mpi_reduces)
 
 
+def reduces_inside_nodes_on_gpus(algorithm: str, layout: NodeLayout) -> bool:
+    """Whether a device allreduce taking ``algorithm`` (MPI not reducing device memory)
+    runs on the GPUs through CUDA IPC inside the nodes: ``ipc``, or ``hierarchical`` on
+    nodes of equal size that can share device memory (:mod:`._ipc`)."""
+    if algorithm == "ipc":
+        return True
+    if algorithm != "hierarchical":
+        return False
+    from ._ipc import serves_hierarchical  # loads numba.cuda: only for device tensors
+    return serves_hierarchical(layout)
+
+
 def broadcast_algorithm(algorithm: str | None, nbytes: int, size: int, settings: Settings,
                         name: str | None, layout: NodeLayout | None = None) -> str:
     """Choose the broadcast algorithm (``layout``: the group's nodes, if known)."""

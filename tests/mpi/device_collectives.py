@@ -399,6 +399,47 @@ def ipc_buffers_grow_and_are_mapped_once():
                   name="host", algorithm="ipc", match=["'host'", "ipc", "GPU memory"])
 
 
+@check(min_size=3)
+def hierarchical_reduces_inside_nodes_on_the_gpus():
+    """Nodes of two ranks (``node_size=2``): with nodes of equal size the hierarchical
+    allreduce of device memory sums each chunk inside the node through CUDA IPC and
+    only the node sums cross the nodes, through host memory; with unequal nodes it goes
+    through host memory. Either way the result has the host algorithm's bits."""
+    path = os.path.join(tempfile.gettempdir(), f"ringtrain-device-nodes-{os.getpid()}.json")
+    written = rank_path(path, rt.rank(), rt.size())
+    kind, (down, up, _) = next(iter(KINDS.items()))
+    inside = rt.size() % 2 == 0
+    with configured(node_size=2):
+        rt.start_timeline(path)
+        try:
+            for dtype in (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32)):
+                for op in ops_for(dtype)[:3]:
+                    for count in (1, 13, 37 * rt.size() + 1):
+                        what = f"{kind} {dtype} {op.name} {count}"
+                        mine = make_input(rt.rank(), (count,), dtype, op, "nodes", count)
+                        options = dict(op=op, name="nodes", algorithm="hierarchical")
+                        host = rt.allreduce(mine, **options)
+                        device = rt.allreduce(down(mine), **options)
+                        assert_equal_arrays(up(device), host, what)
+                        tensor = down(mine)
+                        rt.allreduce_(tensor, **options)
+                        assert_equal_arrays(up(tensor), host, what + " in place")
+            mine = make_input(rt.rank(), (300,), np.dtype(np.float32), rt.Sum, "nodes fp16")
+            expected = rt.allreduce(mine, op=rt.Sum, name="fp16", algorithm="hierarchical",
+                                    compression=Compression.fp16)
+            device = rt.allreduce(down(mine), op=rt.Sum, name="fp16",
+                                  algorithm="hierarchical", compression=Compression.fp16)
+            np.testing.assert_allclose(up(device), expected, rtol=2e-3, atol=2e-3)
+        finally:
+            rt.stop_timeline()
+    with open(written) as file:
+        text = file.read()
+    os.remove(written)
+    assert ('"copy in"' in text) == inside, \
+        f"{kind}: nodes of {'equal' if inside else 'unequal'} size, IPC inside them " \
+        f"{'missing' if inside else 'seen'}: {text[:2000]}"
+
+
 @check(min_size=2)
 def ipc_refused_by_one_rank_falls_back_on_every_rank():
     """A rank that cannot map a peer's buffer makes the whole group reduce through host
@@ -424,6 +465,40 @@ def ipc_refused_by_one_rank_falls_back_on_every_rank():
         assert buffers.unavailable == \
             f"rank {rt.size() - 1}: no peer access (refused by the test)", buffers.unavailable
         assert buffers.own is None and not buffers.peers
+    finally:
+        ipc.open_peer = saved
+        rt.remove_process_set(process_set)
+
+
+@check(min_size=4)
+def hierarchical_refused_on_one_node_goes_through_host_memory_everywhere():
+    """A node whose ranks cannot share device memory makes every node's ranks take the
+    hierarchical allreduce through host memory, with the same bits."""
+    from ringtrain.collectives import _ipc
+    from ringtrain.collectives._process_sets import resolve_group
+    from ringtrain.collectives._topology import hierarchy_for, layout_of
+    from ringtrain.kernels import ipc
+    kind, (down, up, _) = next(iter(KINDS.items()))
+    process_set = rt.add_process_set(list(range(4)))
+    saved = ipc.open_peer
+    if rt.rank() in (2, 3):
+        def refuse(handle: Any) -> Any:
+            raise ipc.IpcUnavailableError("no peer access (refused by the test)")
+        ipc.open_peer = refuse
+    try:
+        with configured(node_size=2) as settings:
+            if rt.rank() < 4:
+                for round_ in range(2):
+                    mine = make_input(rt.rank(), (77,), np.float32, rt.Sum, "refused", round_)
+                    options = dict(op=rt.Sum, algorithm="hierarchical", process_set=process_set)
+                    host = rt.allreduce(mine, **options)
+                    device = rt.allreduce(down(mine), **options)
+                    assert_equal_arrays(up(device), host, f"{kind} round {round_}")
+                group = resolve_group(process_set, "allreduce", None)
+                local = hierarchy_for(group, layout_of(group, settings)).local
+                buffers = _ipc.node_buffers(local, 0)
+                assert buffers.unavailable is not None and buffers.own is None, \
+                    buffers.unavailable
     finally:
         ipc.open_peer = saved
         rt.remove_process_set(process_set)
