@@ -7,7 +7,8 @@ import pytest
 
 from ringtrain.collectives import InvalidArgumentError
 from ringtrain.collectives import _ipc, _ring
-from ringtrain.collectives._selection import allreduce_algorithm, device_allreduce_algorithm
+from ringtrain.collectives._selection import (allreduce_algorithm, device_allreduce_algorithm,
+                                              reduces_inside_nodes_on_gpus)
 from ringtrain.collectives._topology import NodeLayout
 from ringtrain.collectives.config import Settings
 from ringtrain.collectives.tuning import default_choice
@@ -43,11 +44,23 @@ def test_several_nodes_keep_the_staged_algorithms():
         choose("ipc", 64 << 20, TWO_NODES)
 
 
+def test_hierarchical_sums_inside_nodes_on_the_gpus_where_the_nodes_are_equal():
+    assert reduces_inside_nodes_on_gpus("ipc", ONE_NODE)
+    assert reduces_inside_nodes_on_gpus("hierarchical", TWO_NODES)
+    unequal = NodeLayout(((0, 1), (2,)), "shared memory")
+    alone = NodeLayout(((0,), (1,)), "node_size=1")
+    assert not reduces_inside_nodes_on_gpus("hierarchical", unequal)
+    assert not reduces_inside_nodes_on_gpus("hierarchical", alone)
+    assert not reduces_inside_nodes_on_gpus("node_leader", TWO_NODES)
+    assert not reduces_inside_nodes_on_gpus("ring", TWO_NODES)
+
+
 def test_a_process_that_cannot_share_device_memory_stays_staged(monkeypatch):
     monkeypatch.setattr(ipc, "unavailable_reason", lambda: "CUDA IPC is not supported")
     assert choose(None, 64 << 20) == default_choice("allreduce", 64 << 20, 3, SETTINGS)
     with pytest.raises(InvalidArgumentError, match="CUDA IPC is not supported"):
         choose("ipc", 64 << 20)
+    assert not reduces_inside_nodes_on_gpus("hierarchical", TWO_NODES)
 
 
 def test_one_rank_and_asked_for_algorithms():
