@@ -53,7 +53,6 @@ from mpi4py import MPI
 
 from ..kernels import BFLOAT16, device, encoding_of, ipc
 from ..kernels.dtypes import BFLOAT16_ENCODING
-from ._data_phase import Finisher
 from ._group import Group
 from ._topology import Hierarchy, NodeLayout
 from ._ops import ReduceOp
@@ -224,11 +223,11 @@ class _Steps:
         self.encoding = encoding_of(dtype)
         self._launches: dict[tuple, list[Callable[[], None]]] = {}
 
-    def launches(self, op: ReduceOp, finish: Finisher | None,
+    def launches(self, op: ReduceOp, finish: Any,
                  finishing: Finishing) -> list[Callable[[], None]]:
         """The kernels reducing this rank's chunk in the ring's order into the room,
         then dividing and scaling it (``finishing`` prepares those)."""
-        key = (op, None if finish is None else (finish.divisor, finish.postscale_factor))
+        key = (op, finish)
         launches = self._launches.get(key)
         if launches is None:
             launches = []
@@ -246,15 +245,16 @@ class _Steps:
         return launches
 
 
-Finishing = Callable[[Any, Finisher | None], list[Callable[[], None]]]
-"""Prepares the kernels that divide and scale reduced device values in place."""
+Finishing = Callable[[Any, Any], list[Callable[[], None]]]
+"""Prepares the kernels that divide and scale reduced device values in place, given the
+values and the plan's finisher (:class:`._data_phase.Finisher`, hashable; or None)."""
 Across = Callable[[Group, Any], None]
 """Allreduces a node's reduced chunk, in place on the device, among its owners on every
 node (the group given), and finishes it."""
 
 
 def allreduce(buffers: NodeBuffers, source: Any, result: Any, op: ReduceOp,
-              finish: Finisher | None, finishing: Finishing, encoding: str | None) -> bool:
+              finish: Any, finishing: Finishing, encoding: str | None) -> bool:
     """Allreduce device ``source`` into device ``result`` (may be it) over the group's
     mapped buffers; False (nothing done) when the ranks cannot share device memory.
 
@@ -324,7 +324,7 @@ def _copy_in(buffers: NodeBuffers, steps: _Steps, source: Any) -> None:
         group.comm.Barrier()
 
 
-def _reduce_chunk(steps: _Steps, op: ReduceOp, finish: Finisher | None,
+def _reduce_chunk(steps: _Steps, op: ReduceOp, finish: Any,
                   finishing: Finishing) -> None:
     """Reduce (and finish, unless ``finish`` is None) this rank's chunk into its room;
     return once it is there."""
