@@ -37,9 +37,11 @@ allreduce copies all of it down and up.
 
 Whether the ranks can map each other's memory is learnt once per group, by trying: every
 rank allocates, exports, opens its peers' buffers, and the ranks gather each other's
-outcome, so all of them know whether every one succeeded. If one did not, the group reduces through host memory
-from then on, and the lowest rank logs one INFO line saying why. The ranks try only when
-they share one node and each can share device memory at all (:func:`unusable_reason`).
+outcome, so all of them know whether every one succeeded. If one did not, the group
+reduces through host memory from then on, and the lowest rank logs one INFO line saying
+why. The ranks try only when they share one node and each can share device memory at
+all (:func:`unusable_reason`); for the hierarchical allreduce the nodes also tell each
+other their outcome, so that all of them take the same path.
 """
 
 from __future__ import annotations
@@ -47,16 +49,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from mpi4py import MPI
+import numpy as np
 
 from ..kernels import BFLOAT16, device, encoding_of, ipc
 from ..kernels.dtypes import BFLOAT16_ENCODING
 from ._group import Group
-from ._topology import Hierarchy, NodeLayout
 from ._ops import ReduceOp
 from ._ring import chunk_bounds
+from ._topology import Hierarchy, NodeLayout
 from ._tracing import phase
 from .logs import LOGGER
 
@@ -78,6 +79,8 @@ class NodeBuffers:
         ordinal: the GPU the buffers are on.
         capacity: bytes of every rank's buffer (the same on all ranks).
         unavailable: why the ranks cannot share device memory, or None when they can.
+        exchanges: how many times the buffers were allocated and mapped (the same count
+            on every rank of the group).
     """
 
     def __init__(self, group: Group, ordinal: int):
