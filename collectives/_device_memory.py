@@ -145,10 +145,10 @@ class DirectMemory(StagedMemory):
 
 
 class IpcMemory(StagedMemory):
-    """Device memory on GPU ``ordinal`` reduced on the GPUs of one node through CUDA IPC
-    (:mod:`._ipc`), or inside each node so by the hierarchical allreduce, whose chunks
-    cross the nodes through host memory; through host memory alone where the ranks turn
-    out unable to share device memory."""
+    """Device memory on GPU ``ordinal`` reduced on the GPUs through CUDA IPC (:mod:`._ipc`):
+    between the ranks of one node, or inside each node for the hierarchical allreduce,
+    whose chunks cross the nodes through host memory; through host memory alone where
+    the ranks turn out unable to share device memory."""
 
     signature = IPC
 
