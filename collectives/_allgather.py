@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -83,10 +84,11 @@ def gather_rows(group: Group, rows: Any, row_shape: tuple[int, ...], algorithm: 
     if counts is None:
         counts = np.empty(group.size, np.int64)
         group.comm.Allgather(np.array([shape[0] if shape else 1], np.int64), counts)
-    output = memory.new(described, (int(counts.sum()), *row_shape))
-    row_bytes = dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
-    sizes = (counts * row_bytes).tolist()
-    bounds = [0, *np.cumsum(sizes).tolist()]
+    rows_of = counts.tolist()
+    output = memory.new(described, (sum(rows_of), *row_shape))
+    row_bytes = dtype.itemsize * math.prod(row_shape)
+    sizes = [rows * row_bytes for rows in rows_of]
+    bounds = [0, *accumulate(sizes)]
     if algorithm == "auto":
         algorithm = auto_choice("allgather", bounds[-1], group.size,
                                 settings or current_settings(), layout)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -200,9 +201,8 @@ def _move(group: Group, send: Any, send_splits: np.ndarray, received_splits: np.
         _native.alltoall(group, memory.for_mpi(send, np.uint8), sent,
                          memory.for_mpi(output, np.uint8), received, **memory.phase_args)
     else:
-        _pairwise.alltoall(group, send, [0, *np.cumsum(sent).tolist()],
-                           output.reshape(-1).view(np.uint8),
-                           [0, *np.cumsum(received).tolist()])
+        _pairwise.alltoall(group, send, [0, *accumulate(sent)],
+                           output.reshape(-1).view(np.uint8), [0, *accumulate(received)])
     return output
 
 

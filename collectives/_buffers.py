@@ -21,6 +21,7 @@ bfloat16 when numpy maps their interface's typestr to it (``"bfloat16"``).
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -113,7 +114,7 @@ class DeviceTensor:
     @property
     def size(self) -> int:
         """Number of elements."""
-        return int(np.prod(self.shape, dtype=np.int64))
+        return int(math.prod(self.shape))
 
     @property
     def nbytes(self) -> int:

@@ -4,6 +4,7 @@ written once, for host arrays and for device memory handed to a CUDA-aware MPI a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Any
 
 from mpi4py import MPI
@@ -46,7 +47,7 @@ def sixteen_bit_op(op: ReduceOp, encoding: str | None) -> MPI.Op:
 
 def offsets(sizes: Sequence[int]) -> list[int]:
     """Where each of consecutive blocks of ``sizes`` starts."""
-    return [0, *np.cumsum(sizes).tolist()][:-1]
+    return [0, *accumulate(sizes)][:-1]
 
 
 def allreduce(group: Group, send: Any, receive: Any, mpi_op: MPI.Op, nbytes: int,

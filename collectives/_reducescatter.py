@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -113,7 +114,7 @@ class _ReducescatterPlan:
         self.carried: CarriedReduction | None = None
         self.compressor = compressor = active_compressor(compression, array.dtype, op,
                                                          "reducescatter", name)
-        row = int(np.prod(array.shape[1:], dtype=np.int64))
+        row = math.prod(array.shape[1:])
         self.rows = rows = _ring.chunk_bounds(array.shape[0], group.size)
         self.bounds = bounds = [r * row for r in rows]
         self.counts = [bounds[r + 1] - bounds[r] for r in range(group.size)]

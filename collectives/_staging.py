@@ -9,6 +9,7 @@ device. Everything here runs on the collectives' thread, one call at a time.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -90,7 +91,7 @@ def copy_engine(ordinal: int) -> device.CopyEngine:
 
 def host_array(buffer: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """The first bytes of a pinned ``buffer`` as an array of ``shape`` and ``dtype``."""
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     return buffer[:count * dtype.itemsize].view(dtype).reshape(shape)
 
 
