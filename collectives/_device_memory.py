@@ -44,7 +44,7 @@ class MPIMemory:
         dtype = device.dtype_of(array) if dtype is None else np.dtype(dtype)
         if dtype == BFLOAT16:  # MPI has no bfloat16: its bits
             dtype = np.dtype(np.uint16)
-        nbytes = device.byte_view(array).size
+        nbytes = device.nbytes_of(array)
         self.__cuda_array_interface__ = {
             "version": 3, "data": (address, False), "shape": (nbytes // dtype.itemsize,),
             "typestr": dtype.str, "strides": None, "stream": None}
@@ -97,10 +97,10 @@ class StagedMemory(HostMemory):
         return array
 
     def nbytes(self, array: Any) -> int:
-        return device.byte_view(array).size
+        return device.nbytes_of(array)
 
     def elements(self, array: Any) -> int:
-        return device.byte_view(array).size // device.dtype_of(array).itemsize
+        return device.nbytes_of(array) // device.dtype_of(array).itemsize
 
     def copy(self, source: Any, target: Any) -> None:
         scale_into(source, 1.0, target)
@@ -134,7 +134,7 @@ class DirectMemory(StagedMemory):
     def reduce(self, group: Group, algorithm: str, source: Any, result: Any, op: ReduceOp,
                combine: Combine, finish: Callable[[Any], None] | None, segment_bytes: int,
                encoding: str | None, layout: NodeLayout | None) -> None:
-        nbytes = device.byte_view(result).size
+        nbytes = device.nbytes_of(result)
         if nbytes and group.size == 1 and source is not result:
             self.copy(source, result)
         elif nbytes and group.size > 1:
@@ -161,8 +161,7 @@ class IpcMemory(StagedMemory):
                 return
             algorithm = host_allreduce_algorithm(self.nbytes(source), group.size,
                                                  current_settings())
-        elif algorithm == "hierarchical" and layout is not None and \
-                _ipc.serves_hierarchical(layout):
+        elif algorithm == "hierarchical":  # the plan took IPC memory for it (see _plans)
             dtype = device.dtype_of(source)
 
             def across(owners: Group, chunk: Any) -> None:

@@ -107,7 +107,7 @@ def through_host(group: Group, algorithm: str, source: Any, result: Any, dtype: 
     segment k+1 is copied down and segment k-1 up. The arguments after ``dtype`` are
     those of the host reduction (:func:`._data_phase.reduce_flat`), run on each segment.
     """
-    nbytes = device.byte_view(source).size
+    nbytes = device.nbytes_of(source)
     if nbytes == 0:
         return
     step = max(dtype.itemsize, PIPELINE_BYTES // dtype.itemsize * dtype.itemsize)

@@ -33,6 +33,7 @@ stream waits and the current device.
 from __future__ import annotations
 
 import contextlib
+import functools
 import ctypes
 import math
 from collections.abc import Callable, Sequence
@@ -488,15 +489,11 @@ def _array(array: Any) -> Any:
     return kernel_array.reshape(kernel_array.size) if kernel_array.ndim != 1 else kernel_array
 
 
-_default: list[Any] = []
-
-
+@functools.cache
 def _default_stream() -> Any:
     """numba's default stream (made once: the object names no context, and numba takes
     tens of microseconds to make one)."""
-    if not _default:
-        _default.append(cuda.default_stream())
-    return _default[0]
+    return cuda.default_stream()
 
 
 def _stream(array: Any) -> Any:
