@@ -18,7 +18,7 @@ def address(array: np.ndarray) -> int:
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8, BFLOAT16])
 def test_a_large_result_is_a_writable_contiguous_array_of_its_shape(dtype):
-    result = ResultPool(64 << 20).empty((3, MIN_BYTES // 3 + 5), dtype)
+    result = ResultPool(2 * MIN_BYTES).empty((3, MIN_BYTES // 3 + 5), dtype)
     assert result.shape == (3, MIN_BYTES // 3 + 5) and result.dtype == np.dtype(dtype)
     assert result.flags.c_contiguous and result.flags.writeable
     result[...] = 7
@@ -26,7 +26,7 @@ def test_a_large_result_is_a_writable_contiguous_array_of_its_shape(dtype):
 
 
 def test_the_block_comes_back_only_when_every_view_is_gone():
-    pool = ResultPool(64 << 20)
+    pool = ResultPool(2 * MIN_BYTES)
     result = pool.empty((MIN_BYTES // 4,), np.float32)
     start = address(result)
     part, shared = result[10:20], torch.from_numpy(result)
@@ -44,7 +44,7 @@ def test_the_block_comes_back_only_when_every_view_is_gone():
 
 
 def test_a_block_is_reused_only_for_results_it_holds_without_wasting_half():
-    pool = ResultPool(64 << 20)
+    pool = ResultPool(8 * MIN_BYTES)
     block_start = address(pool.empty((4 * MIN_BYTES,), np.uint8))  # dropped at once
     assert pool.idle_bytes == 4 * MIN_BYTES
     assert address(pool.empty((MIN_BYTES,), np.uint8)) != block_start  # would waste 3/4
@@ -63,6 +63,6 @@ def test_idle_blocks_stay_under_the_limit_oldest_dropped_first():
 
 
 def test_small_results_and_a_zero_limit_come_from_numpy():
-    pool = ResultPool(64 << 20)
+    pool = ResultPool(2 * MIN_BYTES)
     assert pool.empty((MIN_BYTES // 4 - 1,), np.float32).flags.owndata
     assert ResultPool(0).empty((MIN_BYTES,), np.float32).flags.owndata
