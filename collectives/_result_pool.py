@@ -22,14 +22,13 @@ import numpy as np
 
 from ..variables import RESULT_POOL_BYTES
 
-MIN_BYTES = 32 << 20
-"""Smaller results come from numpy: glibc raises its mmap threshold to the size of a
-freed mapping up to 32 MiB and then serves such sizes from its heap, whose pages stay
-mapped. A pooled result costs a lease and a finalizer, whose Python runs cold after the
-transfer has swept the caches: measured on a 2-core EPYC, writing 1 MiB into a new
-result took 98 µs from the pool against 58 from numpy and 51 into a reused buffer; at
-8 MiB 711, 666 and 650 µs; at 32 MiB, where numpy maps fresh pages, 2574, 5042 and
-2508 µs."""
+MIN_BYTES = 4 << 20
+"""Smaller results come from numpy, whose memory glibc's heap reuses while pooling would
+cost a lease and a finalizer (Python that runs cold after the transfer has swept the
+caches). Measured on a 2-core EPYC, writing a new result (µs, the previous 0 / 1 / 3
+results still held): 1 MiB from numpy 51 / 72 / 82, pooled 90 / 102 / 113; 4 MiB 345 /
+406 / 505 and 374 / 406 / 449; 16 MiB 1232 / 2946 / 5383 and 1306 / 1442 / 1661, where
+glibc hands memory back and maps it again; into a reused buffer 46, 320 and 1210."""
 _BLOCK_GRAIN = 1 << 20
 """Blocks are whole MiB, so results of nearby sizes share them."""
 
