@@ -120,6 +120,8 @@ class _AllgatherPlan:
             agreement's messages (``recursive_doubling``), or None.
         count: this rank's row count, as the gather's words.
         counts: the gathered words when every rank gives as many rows as this one.
+        even_shape, even_sizes, even_choice: then, the result's shape, the bytes of each
+            rank and ``auto``'s algorithm.
     """
 
     def __init__(self, array: Any, name: str | None, process_set: ProcessSet | None,
@@ -150,6 +152,10 @@ class _AllgatherPlan:
             self.gather = CarriedGather(group, self.call, 1, array.nbytes)
             self.count = np.array([rows], np.int64)
             self.counts = [[rows]] * group.size
+            self.even_shape = (rows * group.size, *row_shape)
+            self.even_sizes = [array.nbytes] * group.size
+            self.even_choice = auto_choice("allgather", array.nbytes * group.size,
+                                           group.size, settings, layout)
 
 
 _PLANS: PlanCache[_AllgatherPlan] = PlanCache()
@@ -201,8 +207,14 @@ def _carried(plan: _AllgatherPlan, array: np.ndarray) -> np.ndarray:
     payloads, of different lengths, are not used).
     """
     rows = array.reshape(1) if array.ndim == 0 else array
-    counts, slots = plan.gather.run(plan.count, rows.reshape(-1).view(np.uint8))
-    if slots is not None and counts.tolist() == plan.counts:
-        return slots.view(rows.dtype).reshape(rows.shape[0] * plan.group.size,
-                                              *plan.row_shape)
+    mine = rows.reshape(-1).view(np.uint8)
+    counts, slots = plan.gather.run(plan.count, mine)
+    if counts.tolist() == plan.counts:
+        if slots is not None:
+            return slots.view(rows.dtype).reshape(plan.even_shape)
+        if plan.even_choice == "native":
+            output = HOST.new(rows, plan.even_shape)
+            _native.allgather(plan.group, mine, output.reshape(-1).view(np.uint8),
+                              plan.even_sizes)
+            return output
     return gather_rows(plan.group, rows, plan.row_shape, "auto", counts=counts[:, 0])[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
@@ -77,6 +78,8 @@ class _AlltoallPlan:
             travel in the agreement's messages (``recursive_doubling``), or None.
         even_splits: the splits when none are given (rows cut as evenly as possible).
         even_matrix: the matrix of splits when no rank gives any, as a list of lists.
+        even_move: the data phase when every rank's splits are the even ones and the rows
+            do not ride in the agreement (``recursive_doubling`` plans only).
     """
 
     def __init__(self, array: Any, name: str | None, process_set: ProcessSet | None,
@@ -103,8 +106,12 @@ class _AlltoallPlan:
         self.call = Call(collective="alltoall", name=name, dtype=array.dtype,
                          algorithm=chosen, **{"shape[1:]": row_shape})
         if chosen == "recursive_doubling":
-            small = auto_choice("alltoall", array.nbytes, group.size,
-                                settings) == "recursive_doubling"
+            received = int(self.even_splits[group.rank])
+            self.even_move = _Movement(
+                (self.even_splits * row_bytes).tolist(), [received * row_bytes] * group.size,
+                received * group.size, auto_choice("alltoall", array.nbytes, group.size,
+                                                   settings))
+            small = self.even_move.algorithm == "recursive_doubling"
             self.gather = CarriedGather(group, self.call, group.size,
                                         array.nbytes if small else 0)
 
@@ -138,8 +145,8 @@ def _prepare(tensor: Any, splits: Any, name: str | None, process_set: ProcessSet
             agree(group, plan.call)
             received_splits, algorithm = _exchange_splits(group, send_splits, plan.row_bytes,
                                                           chosen, plan.settings)
-            return _move(group, send, send_splits, received_splits, algorithm, memory,
-                         array), received_splits
+            movement = _movement(send_splits, received_splits, plan.row_bytes, algorithm)
+            return _move(group, send, movement, memory, array), received_splits
 
     return run
 
@@ -166,6 +173,8 @@ def _carried(plan: _AlltoallPlan, send: np.ndarray, send_splits: np.ndarray,
     matrix, slots = plan.gather.run(send_splits, send)
     received_splits = matrix[:, rank].copy()
     rows = matrix.tolist()
+    if slots is None and rows == plan.even_matrix:
+        return _move(group, send, plan.even_move, HOST, array), received_splits
     if slots is not None and rows == plan.even_matrix:  # one block from each rank
         start, length = sum(rows[0][:rank]) * row_bytes, rows[0][rank] * row_bytes
         output = HOST.new(array, (size * rows[0][rank], *array.shape[1:]))
@@ -184,20 +193,34 @@ def _carried(plan: _AlltoallPlan, send: np.ndarray, send_splits: np.ndarray,
         return output, received_splits
     nbytes = int(matrix.sum()) * row_bytes // size
     algorithm = auto_choice("alltoall", nbytes, size, plan.settings)
-    return _move(group, send, send_splits, received_splits, algorithm, HOST, array), \
-        received_splits
+    return _move(group, send, _movement(send_splits, received_splits, row_bytes, algorithm),
+                 HOST, array), received_splits
 
 
-def _move(group: Group, send: Any, send_splits: np.ndarray, received_splits: np.ndarray,
-          algorithm: str, memory: Any, like: Any) -> Any:
-    """The data phase: every rank's rows for this one, concatenated in rank order, by
-    ``native`` or ``pairwise``; a new array of ``like``'s kind and row shape."""
-    row_shape = tuple(like.shape[1:])
-    row_bytes = np.dtype(like.dtype).itemsize * math.prod(row_shape)
-    output = memory.new(like, (int(received_splits.sum()), *row_shape))
-    sent = (send_splits * row_bytes).tolist()
-    received = (received_splits * row_bytes).tolist()
-    if algorithm == "native":
+@dataclass(frozen=True)
+class _Movement:
+    """An alltoall's data phase: the bytes sent to and received from each rank, the rows
+    received in all, and the algorithm (``native`` or ``pairwise``)."""
+
+    sent: list[int]
+    received: list[int]
+    rows: int
+    algorithm: str
+
+
+def _movement(send_splits: np.ndarray, received_splits: np.ndarray, row_bytes: int,
+              algorithm: str) -> _Movement:
+    return _Movement((send_splits * row_bytes).tolist(),
+                     (received_splits * row_bytes).tolist(), int(received_splits.sum()),
+                     algorithm)
+
+
+def _move(group: Group, send: Any, movement: _Movement, memory: Any, like: Any) -> Any:
+    """The data phase: every rank's rows for this one, concatenated in rank order; a new
+    array of ``like``'s kind and row shape."""
+    output = memory.new(like, (movement.rows, *like.shape[1:]))
+    sent, received = movement.sent, movement.received
+    if movement.algorithm == "native":
         _native.alltoall(group, memory.for_mpi(send, np.uint8), sent,
                          memory.for_mpi(output, np.uint8), received, **memory.phase_args)
     else:

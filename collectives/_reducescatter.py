@@ -54,13 +54,16 @@ def reducescatter(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str
     Returns:
         A new array of shape ``(rows of this rank, *tensor.shape[1:])``.
     """
-    if type(tensor) is np.ndarray:  # a small call made before runs as planned then
+    if type(tensor) is np.ndarray:  # a call made before runs as planned then
         plan = _PLANS.get(_key(False, tensor, op, name, prescale_factor, postscale_factor,
                                process_set, algorithm, compression), process_set,
                           "reducescatter", name)
-        if plan is not None and plan.carried is not None and tensor.flags.c_contiguous:
-            return run_validated("reducescatter", name, process_set, _carried, plan,
-                                 tensor, prescale_factor)
+        if plan is not None and plan.compressor is None and tensor.flags.c_contiguous:
+            if plan.carried is not None:
+                return run_validated("reducescatter", name, process_set, _carried, plan,
+                                     tensor, prescale_factor)
+            return run_validated("reducescatter", name, process_set, _reduced, plan, HOST,
+                                 tensor.reshape(-1), tensor, prescale_factor)
     return collective_call("reducescatter", name, process_set,
                            lambda: _prepare(tensor, op, name, prescale_factor, postscale_factor,
                                             process_set, algorithm, compression),
@@ -172,43 +175,49 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
     if plan.compressor is not None:
         flat_array = flat(array)
         return lambda: _compressed(plan, flat_array, name, prescale_factor, postscale_factor)
-    group, chosen, segment_bytes = plan.group, plan.chosen, plan.settings.segment_bytes
     if on_device is not None:
         memory, source = memory_for(AWARE, on_device.device), on_device.memory
     else:
         memory, source = HOST, flat(array)
     if plan.carried is not None:
         return lambda: _carried(plan, source, prescale_factor)
-    if chosen == "recursive_doubling":
-        return lambda: _by_recursive_doubling(group, plan.call, source, prescale_factor,
-                                              plan.combine, plan.finish,
-                                              plan.bounds[group.rank], plan.share_shape,
-                                              segment_bytes)
 
     def run() -> Any:
         with memory.entered(*([] if on_device is None else [on_device])):
-            agree(group, plan.call)
-            start = source
-            if prescale_factor != 1.0:
-                start = memory.scaled(source, prescale_factor,
-                                      memory.scratch("prescaled", array.size, array.dtype))
-            output = memory.new(array, plan.share_shape)
-            result = output.reshape(-1) if memory is HOST else output
-            if chosen == "ring" and group.size > 1:
-                _ring.reduce_scatter(group, memory.for_mpi(start), memory.for_mpi(result),
-                                     plan.bounds, plan.combine, plan.finish, segment_bytes)
-                return output
-            if group.size == 1:
-                memory.copy(start, result)
-            elif array.size:
-                _native.reducescatter(group, memory.for_mpi(start), memory.for_mpi(result),
-                                      plan.counts, plan.op,
-                                      array.size * array.dtype.itemsize,
-                                      encoding_of(array.dtype), **memory.phase_args)
-            memory.finish(output, plan.finish)
-            return output
+            return _reduced(plan, memory, source, array, prescale_factor)
 
     return run
+
+
+def _reduced(plan: _ReducescatterPlan, memory: Any, source: Any, like: Any,
+             prescale_factor: float) -> Any:
+    """An uncompressed reduce-scatter as ``plan`` says, once checked: agree, reduce flat
+    ``source`` (host, or device memory as ``memory`` takes it) and return this rank's
+    share, a new array of ``like``'s kind."""
+    group, chosen, segment_bytes = plan.group, plan.chosen, plan.settings.segment_bytes
+    if chosen == "recursive_doubling":
+        return _by_recursive_doubling(group, plan.call, source, prescale_factor, plan.combine,
+                                      plan.finish, plan.bounds[group.rank], plan.share_shape,
+                                      segment_bytes)
+    agree(group, plan.call)
+    start = source
+    if prescale_factor != 1.0:
+        start = memory.scaled(source, prescale_factor,
+                              memory.scratch("prescaled", like.size, like.dtype))
+    output = memory.new(like, plan.share_shape)
+    result = output.reshape(-1) if memory is HOST else output
+    if chosen == "ring" and group.size > 1:
+        _ring.reduce_scatter(group, memory.for_mpi(start), memory.for_mpi(result),
+                             plan.bounds, plan.combine, plan.finish, segment_bytes)
+        return output
+    if group.size == 1:
+        memory.copy(start, result)
+    elif like.size:
+        _native.reducescatter(group, memory.for_mpi(start), memory.for_mpi(result),
+                              plan.counts, plan.op, like.size * like.dtype.itemsize,
+                              encoding_of(like.dtype), **memory.phase_args)
+    memory.finish(output, plan.finish)
+    return output
 
 
 def _compressed(plan: _ReducescatterPlan, source: np.ndarray, name: str | None,
