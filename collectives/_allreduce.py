@@ -60,10 +60,16 @@ def allreduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | N
         InvalidArgumentError, UnsupportedDtypeError: bad arguments, before any
             communication.
     """
-    if type(tensor) is np.ndarray:  # a small call made before runs as planned then
+    if type(tensor) is np.ndarray:  # a call made before runs as planned then
         plan = kept_allreduce_plan(tensor, op, name, prescale_factor, postscale_factor,
                                    process_set, algorithm, compression, "allreduce")
-        if plan is not None and plan.carried is not None and tensor.flags.c_contiguous:
+        if plan is not None and tensor.flags.c_contiguous:
+            if plan.carried is None:
+                output = RESULTS.empty(tensor.shape, tensor.dtype)
+                run_validated("allreduce", name, process_set, reduce_planned, plan,
+                              "allreduce", name, tensor.reshape(-1), output.reshape(-1),
+                              prescale_factor, postscale_factor)
+                return output
             output = np.empty(tensor.shape, tensor.dtype)
             run_validated("allreduce", name, process_set, plan.carried.run, tensor, output,
                           prescale_factor)
@@ -84,10 +90,15 @@ def allreduce_(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | 
         plan = kept_allreduce_plan(tensor, op, name, prescale_factor, postscale_factor,
                                    process_set, algorithm, compression, "allreduce_")
         flags = tensor.flags
-        if plan is not None and plan.carried is not None and flags.c_contiguous and \
-                flags.writeable:
-            run_validated("allreduce_", name, process_set, plan.carried.run, tensor, tensor,
-                          prescale_factor)
+        if plan is not None and flags.c_contiguous and flags.writeable:
+            if plan.carried is None:
+                flat_tensor = tensor.reshape(-1)
+                run_validated("allreduce_", name, process_set, reduce_planned, plan,
+                              "allreduce_", name, flat_tensor, flat_tensor, prescale_factor,
+                              postscale_factor)
+            else:
+                run_validated("allreduce_", name, process_set, plan.carried.run, tensor,
+                              tensor, prescale_factor)
             return tensor
     return collective_call("allreduce_", name, process_set,
                            lambda: prepare(tensor, op, name, prescale_factor, postscale_factor,

@@ -40,10 +40,13 @@ def broadcast(tensor: np.ndarray, root_rank: int, name: str | None = None,
     Raises:
         MismatchError: ranks passed different shapes, dtypes, roots or names.
     """
-    if type(tensor) is np.ndarray:  # a small call made before runs as planned then
+    if type(tensor) is np.ndarray:  # a call made before runs as planned then
         plan = _PLANS.get(_key("broadcast", False, tensor, root_rank, name, process_set,
                                algorithm), process_set, "broadcast", name)
-        if plan is not None and plan.carried is not None and tensor.flags.c_contiguous:
+        if plan is not None and tensor.flags.c_contiguous:
+            if plan.carried is None:
+                return run_validated("broadcast", name, process_set, _broadcast, plan, HOST,
+                                     tensor, tensor, tensor, False)
             output = np.empty(tensor.shape, tensor.dtype)
             run_validated("broadcast", name, process_set, _carried, plan, tensor, output)
             return output
@@ -57,6 +60,16 @@ def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None,
                process_set: ProcessSet | None = None, *,
                algorithm: str | None = None) -> np.ndarray:
     """In-place :func:`broadcast`: ``tensor`` receives the root's data and is returned."""
+    if type(tensor) is np.ndarray:  # a call made before runs as planned then
+        plan = _PLANS.get(_key("broadcast_", False, tensor, root_rank, name, process_set,
+                               algorithm), process_set, "broadcast_", name)
+        flags = tensor.flags
+        if plan is not None and flags.c_contiguous and flags.writeable:
+            if plan.carried is None:
+                return run_validated("broadcast_", name, process_set, _broadcast, plan, HOST,
+                                     tensor, tensor, tensor, True)
+            run_validated("broadcast_", name, process_set, _carried, plan, tensor, tensor)
+            return tensor
     return collective_call("broadcast_", name, process_set,
                            lambda: _prepare(tensor, root_rank, name, process_set, algorithm,
                                             in_place=True),
@@ -172,7 +185,6 @@ def _prepare(tensor: Any, root_rank: Any, name: str | None, process_set: Process
                algorithm)
     plan = _PLANS.get(key, process_set, collective, name) or _PLANS.keep(key, _BroadcastPlan(
         array, root_rank, name, process_set, algorithm, collective, on_device is not None))
-    group, root, call, chosen = plan.group, plan.root, plan.call, plan.chosen
     if on_device is not None:
         memory = memory_for(AWARE, on_device.device)
         source, owner = on_device.memory, on_device.owner
@@ -192,22 +204,30 @@ def _prepare(tensor: Any, root_rank: Any, name: str | None, process_set: Process
 
     def run() -> Any:
         with memory.entered(*([] if on_device is None else [on_device])):
-            agree(group, call)
-            if in_place:
-                output, work = owner, flat(source) if memory is HOST else source
-            else:
-                output = memory.new(array, array.shape)
-                work = output.reshape(-1) if memory is HOST else output
-                if group.rank == root:
-                    memory.copy(source, output)
-            broadcast_bytes(group, work.view(np.uint8) if memory is HOST else work, root,
-                            chosen, plan.settings.segment_bytes, plan.layout, plan.inner,
-                            memory)
-            if in_place and memory is HOST and not array.flags.c_contiguous:
-                array[...] = work.reshape(array.shape)
-            return output
+            return _broadcast(plan, memory, array, source, owner, in_place)
 
     return run
+
+
+def _broadcast(plan: _BroadcastPlan, memory: Any, array: Any, source: Any, owner: Any,
+               in_place: bool) -> Any:
+    """A broadcast as ``plan`` says, once checked: agree, then move the root's data
+    into the caller's tensor ``owner`` (in place) or into a new array. ``source`` is the
+    data, a host array or device memory as ``memory`` takes it; ``array`` describes it."""
+    group, root = plan.group, plan.root
+    agree(group, plan.call)
+    if in_place:
+        output, work = owner, flat(source) if memory is HOST else source
+    else:
+        output = memory.new(array, array.shape)
+        work = output.reshape(-1) if memory is HOST else output
+        if group.rank == root:
+            memory.copy(source, output)
+    broadcast_bytes(group, work.view(np.uint8) if memory is HOST else work, root,
+                    plan.chosen, plan.settings.segment_bytes, plan.layout, plan.inner, memory)
+    if in_place and memory is HOST and not array.flags.c_contiguous:
+        array[...] = work.reshape(array.shape)
+    return output
 
 
 def _key(collective: str, on_device: bool, array: Any, root_rank: Any, name: str | None,

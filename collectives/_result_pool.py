@@ -15,33 +15,59 @@ from __future__ import annotations
 
 import math
 import threading
-import weakref
 from typing import Any
 
 import numpy as np
 
 from ..variables import RESULT_POOL_BYTES
 
-MIN_BYTES = 4 << 20
-"""Smaller results come from numpy, whose memory glibc's heap reuses while pooling would
-cost a lease and a finalizer (Python that runs cold after the transfer has swept the
-caches). Measured on a 2-core EPYC, writing a new result (µs, the previous 0 / 1 / 3
-results still held): 1 MiB from numpy 51 / 72 / 82, pooled 90 / 102 / 113; 4 MiB 345 /
-406 / 505 and 374 / 406 / 449; 16 MiB 1232 / 2946 / 5383 and 1306 / 1442 / 1661, where
-glibc hands memory back and maps it again; into a reused buffer 46, 320 and 1210."""
-_BLOCK_GRAIN = 1 << 20
-"""Blocks are whole MiB, so results of nearby sizes share them."""
+MIN_BYTES = 256 << 10
+"""Smaller results come from numpy. From about this size glibc may map a new result
+afresh, and every page then faults on its first write: its mmap threshold starts at
+128 KiB, and heap memory freed at the top beyond twice the threshold goes back to the
+system (as when the MPI library frees a buffer of its own beside the result). Measured
+on a 2-core EPYC: MPI's own allreduce of 512 KiB at 2 ranks took 333-345 µs into new
+numpy arrays, 134-136 into pooled results, 117 into one reused buffer. A pooled result
+costs its lease: writing a new 256 KiB result took 9.2 µs pooled against 6.9 from numpy
+where glibc reused its heap; 16 MiB, three earlier results still held, 1693 against
+4514 µs (1219 into a reused buffer)."""
+_BLOCK_GRAIN = 64 << 10
+"""Blocks are whole multiples of 64 KiB, so results of nearby sizes share them."""
+
+
+class _Block:
+    """Memory kept for results, and its array interface for each size it was leased at
+    (numpy only reads it)."""
+
+    __slots__ = ("memory", "nbytes", "_interfaces")
+
+    def __init__(self, nbytes: int):
+        self.memory = np.empty(nbytes, np.uint8)
+        self.nbytes = nbytes
+        self._interfaces: dict[int, dict[str, Any]] = {}
+
+    def interface(self, nbytes: int) -> dict[str, Any]:
+        """The array interface of the block's first ``nbytes`` bytes."""
+        found = self._interfaces.get(nbytes)
+        if found is None:
+            found = self._interfaces[nbytes] = {
+                "shape": (nbytes,), "typestr": "|u1", "version": 3,
+                "data": (self.memory.ctypes.data, False)}
+        return found
 
 
 class _Lease:
-    """One result's hold on a block: the base object of the result's arrays."""
+    """One result's hold on a block: the base object of the result's arrays. When the
+    last of them is gone the block goes back to its pool."""
 
-    __slots__ = ("__array_interface__", "block", "__weakref__")
+    __slots__ = ("__array_interface__", "_block", "_pool")
 
-    def __init__(self, block: np.ndarray, nbytes: int):
-        self.block = block
-        self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "version": 3,
-                                    "data": (block.__array_interface__["data"][0], False)}
+    def __init__(self, pool: ResultPool, block: _Block, nbytes: int):
+        self._pool, self._block = pool, block
+        self.__array_interface__ = block.interface(nbytes)
+
+    def __del__(self) -> None:
+        self._pool._give_back(self._block)
 
 
 class ResultPool:
@@ -53,7 +79,7 @@ class ResultPool:
 
     def __init__(self, limit_bytes: int):
         self.limit_bytes = limit_bytes
-        self._idle: list[np.ndarray] = []  # oldest first
+        self._idle: list[_Block] = []  # oldest first
         self._idle_bytes = 0
         self._lock = threading.Lock()
 
@@ -63,23 +89,25 @@ class ResultPool:
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < MIN_BYTES or self.limit_bytes == 0:
             return np.empty(shape, dtype)
-        block = self._take(nbytes)
-        lease = _Lease(block, nbytes)
-        weakref.finalize(lease, self._give_back, block)
+        lease = _Lease(self, self._take(nbytes), nbytes)
         return np.asarray(lease).view(dtype).reshape(shape)
 
-    def _take(self, nbytes: int) -> np.ndarray:
+    def _take(self, nbytes: int) -> _Block:
         """The smallest idle block that holds ``nbytes`` without wasting half of it, or a
         new one."""
         with self._lock:
-            fitting = [i for i, b in enumerate(self._idle) if nbytes <= b.nbytes <= 2 * nbytes]
-            if fitting:
-                block = self._idle.pop(min(fitting, key=lambda i: self._idle[i].nbytes))
-                self._idle_bytes -= block.nbytes
-                return block
-        return np.empty(-(-nbytes // _BLOCK_GRAIN) * _BLOCK_GRAIN, np.uint8)
+            best = None
+            for block in self._idle:
+                if nbytes <= block.nbytes <= 2 * nbytes and \
+                        (best is None or block.nbytes < best.nbytes):
+                    best = block
+            if best is not None:
+                self._idle.remove(best)
+                self._idle_bytes -= best.nbytes
+                return best
+        return _Block(-(-nbytes // _BLOCK_GRAIN) * _BLOCK_GRAIN)
 
-    def _give_back(self, block: np.ndarray) -> None:
+    def _give_back(self, block: _Block) -> None:
         with self._lock:
             self._idle.append(block)
             self._idle_bytes += block.nbytes

@@ -472,7 +472,7 @@ REPORT_FD: Variable[int | None] = _declare(Variable(
 # Read when ringtrain.collectives is imported.
 RESULT_POOL_BYTES: Variable[int] = _declare(Variable(
     "RINGTRAIN_RESULT_POOL_BYTES", parse_size, 1 << 30,
-    "bytes of freed results of 4 MiB and up kept for the next results (no page faults); "
+    "bytes of freed results of 256 KiB and up kept for the next results (no page faults); "
     "0: every result from numpy"))
 COMPILED_EXCHANGE: Variable[bool] = _declare(Variable(
     "RINGTRAIN_COMPILED_EXCHANGE",
