@@ -12,6 +12,7 @@ Every function here has a twin of the same name and signature in ``device``.
 from __future__ import annotations
 
 import os
+import threading
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -112,10 +113,21 @@ class _SizedLoop:
                    numba.njit(cache=True, nogil=True, parallel=True)(_parallel_twin(loop)))
 
     def __call__(self, size: int, *args):
-        if size >= PARALLEL_MIN_ELEMENTS and _host_threads > 1:
-            numba.set_num_threads(_host_threads)
-            return self.parallel(*args)
+        # One parallel loop at a time in a process: numba's workqueue threading layer
+        # aborts the process when two threads run parallel loops at once.
+        if size >= PARALLEL_MIN_ELEMENTS and _host_threads > 1 and \
+                _PARALLEL_LOOP.acquire(blocking=False):
+            try:
+                numba.set_num_threads(_host_threads)
+                return self.parallel(*args)
+            finally:
+                _PARALLEL_LOOP.release()
         return self.serial(*args)
+
+
+_PARALLEL_LOOP = threading.Lock()
+"""Held while a parallel loop runs; a loop called meanwhile by another thread runs
+serially."""
 
 
 def _encoder(to_bits: Callable, from_bits: Callable, name: str) -> tuple[_SizedLoop, _SizedLoop]:

@@ -905,6 +905,46 @@ def test_set_host_threads_clamps(restore_host_threads):
     assert host.host_threads() == numba.config.NUMBA_NUM_THREADS
 
 
+def test_a_loop_runs_serially_while_another_thread_runs_a_parallel_one(restore_host_threads):
+    host.set_host_threads(2)
+    calls = []
+    loop = host._SizedLoop(lambda *a: calls.append("serial"), lambda *a: calls.append("parallel"))
+    loop(PARALLEL_SIZE)
+    with host._PARALLEL_LOOP:  # as while another thread is inside a parallel loop
+        loop(PARALLEL_SIZE)
+    loop(PARALLEL_SIZE)
+    loop(5)
+    assert calls == ["parallel", "serial", "parallel", "serial"]
+
+
+def test_threads_calling_parallel_loops_at_once_do_not_abort_the_process():
+    """numba's workqueue threading layer (where neither TBB nor OpenMP is installed)
+    aborts the process when two threads run parallel loops at once."""
+    probe = """
+import concurrent.futures
+import numpy as np
+from ringtrain.kernels import host
+host.set_host_threads(2)
+n = host.PARALLEL_MIN_ELEMENTS * 8
+source = np.linspace(-2, 2, n).astype(np.float32)
+expected = np.empty(n, np.uint16)
+host.encode_bfloat(source, expected, 2.0)
+def encode(_):
+    out = np.empty(n, np.uint16)
+    for _ in range(50):
+        host.encode_bfloat(source, out, 2.0)
+    return bool((out == expected).all())
+with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    print(all(pool.map(encode, range(8))))
+import numba
+print(numba.threading_layer())
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "NUMBA_THREADING_LAYER": "workqueue"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "workqueue"]
+
+
 def test_every_host_kernel_compiles_to_the_disk_cache(tmp_path):
     """Compiled once, every kernel loads from numba's disk cache in the next process:
     numba warns when a function cannot be cached, and compiles one again at every start
