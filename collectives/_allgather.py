@@ -44,11 +44,14 @@ def allgather(tensor: np.ndarray, name: str | None = None,
     Returns:
         A new array of shape ``(sum of first dimensions, *tensor.shape[1:])``.
     """
-    if type(tensor) is np.ndarray:  # a small call made before runs as planned then
+    if type(tensor) is np.ndarray:  # a call made before runs as planned then
         plan = _PLANS.get(_key(False, tensor, name, process_set, algorithm), process_set,
                           "allgather", name)
         if plan is not None and plan.gather is not None:
             return run_validated("allgather", name, process_set, _carried, plan, tensor)
+        if plan is not None and tensor.flags.c_contiguous:
+            return run_validated("allgather", name, process_set, _gathered, plan, HOST,
+                                 tensor.reshape(1) if tensor.ndim == 0 else tensor, None)
     return collective_call("allgather", name, process_set,
                            lambda: _prepare(tensor, name, process_set, algorithm),
                            restore=results_like(tensor))
@@ -139,9 +142,12 @@ class _AllgatherPlan:
         chosen = requested("allgather", algorithm, settings, name)
         self.layout = layout = layout_of(group, settings)
         row_bytes = array.dtype.itemsize * math.prod(row_shape)
-        if chosen == "auto" and auto_choice("allgather", row_bytes * group.size, group.size,
-                                            settings, layout) == "recursive_doubling":
-            chosen = "recursive_doubling"  # decided on the row size, which all ranks share
+        if chosen == "auto" and (not layout.pays_off or auto_choice(
+                "allgather", row_bytes * group.size, group.size, settings,
+                layout) == "recursive_doubling"):
+            # The row counts ride in the agreement (the rows too where they fit): decided
+            # on the layout and the row size, which all ranks share.
+            chosen = "recursive_doubling"
         self.chosen = chosen
         extra = {"layout": layout.describe(), "segment_bytes": settings.segment_bytes} \
             if chosen == "hierarchical" or chosen == "auto" and layout.pays_off else {}
@@ -172,7 +178,6 @@ def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
     key = _key(on_device is not None, array, name, process_set, algorithm)
     plan = _PLANS.get(key, process_set, "allgather", name) or _PLANS.keep(key, _AllgatherPlan(
         array, name, process_set, algorithm, on_device is not None))
-    group, call, chosen, row_shape = plan.group, plan.call, plan.chosen, plan.row_shape
     if on_device is not None:
         memory, rows = memory_for(AWARE, on_device.device), on_device.memory
     else:
@@ -183,12 +188,17 @@ def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
 
     def run() -> Any:
         with memory.entered(*([] if on_device is None else [on_device])):
-            agree(group, call)
-            return gather_rows(group, rows, row_shape, chosen, plan.layout,
-                               plan.settings.segment_bytes, memory, on_device,
-                               plan.settings)[0]
+            return _gathered(plan, memory, rows, on_device)
 
     return run
+
+
+def _gathered(plan: _AllgatherPlan, memory: HostMemory, rows: Any, like: Any) -> Any:
+    """An allgather as ``plan`` says, once checked, of ``rows`` (a host array, or the
+    memory of device tensor ``like``): agree, then gather; the new array."""
+    agree(plan.group, plan.call)
+    return gather_rows(plan.group, rows, plan.row_shape, plan.chosen, plan.layout,
+                       plan.settings.segment_bytes, memory, like, plan.settings)[0]
 
 
 def _key(on_device: bool, array: Any, name: str | None, process_set: ProcessSet | None,

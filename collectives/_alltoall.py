@@ -99,9 +99,8 @@ class _AlltoallPlan:
                              algorithm="native", memory=AWARE, **{"shape[1:]": row_shape})
             return
         chosen = requested("alltoall", algorithm, settings, name)
-        if chosen == "auto" and auto_choice("alltoall", row_bytes * group.size, group.size,
-                                            settings) == "recursive_doubling":
-            chosen = "recursive_doubling"  # decided on a row to each rank: all ranks agree
+        if chosen == "auto":
+            chosen = "recursive_doubling"  # the splits ride in the agreement (see _carried)
         self.chosen = chosen
         self.call = Call(collective="alltoall", name=name, dtype=array.dtype,
                          algorithm=chosen, **{"shape[1:]": row_shape})
