@@ -36,24 +36,22 @@ _BLOCK_GRAIN = 64 << 10
 
 
 class _Block:
-    """Memory kept for results, and its array interface for each size it was leased at
-    (numpy only reads it)."""
+    """Memory kept for results, with the array interface of its last lease (numpy only
+    reads it; results of one size again and again share it)."""
 
-    __slots__ = ("memory", "nbytes", "_interfaces")
+    __slots__ = ("memory", "nbytes", "_interface")
 
     def __init__(self, nbytes: int):
         self.memory = np.empty(nbytes, np.uint8)
         self.nbytes = nbytes
-        self._interfaces: dict[int, dict[str, Any]] = {}
+        self._interface: dict[str, Any] = {"shape": (0,)}
 
     def interface(self, nbytes: int) -> dict[str, Any]:
         """The array interface of the block's first ``nbytes`` bytes."""
-        found = self._interfaces.get(nbytes)
-        if found is None:
-            found = self._interfaces[nbytes] = {
-                "shape": (nbytes,), "typestr": "|u1", "version": 3,
-                "data": (self.memory.ctypes.data, False)}
-        return found
+        if self._interface["shape"] != (nbytes,):
+            self._interface = {"shape": (nbytes,), "typestr": "|u1", "version": 3,
+                               "data": (self.memory.ctypes.data, False)}
+        return self._interface
 
 
 class _Lease:
