@@ -399,6 +399,74 @@ class CarriedGather:
             result[self._word_bytes:] if self.carries_data else None
 
 
+_MPI_TYPES = {np.dtype(numpy_type): mpi_type for numpy_type, mpi_type in (
+    (np.float32, MPI.FLOAT), (np.float64, MPI.DOUBLE), (np.int8, MPI.INT8_T),
+    (np.uint8, MPI.UINT8_T), (np.int16, MPI.INT16_T), (np.uint16, MPI.UINT16_T),
+    (np.int32, MPI.INT32_T), (np.uint32, MPI.UINT32_T), (np.int64, MPI.INT64_T),
+    (np.uint64, MPI.UINT64_T))}
+"""The dtypes whose MPI datatypes are the library's own (16-bit floats are not)."""
+
+
+class CheckedCollective:
+    """One of the MPI library's own collectives made in the same compiled call as the
+    agreement's check (:meth:`._compiled_exchange.CompiledExchange.checked_collective`),
+    set up once for one kind of call: the headers travel alone, and where every rank's
+    call is the same the collective runs before the call returns to Python. A mismatch
+    is resolved as :func:`agree` resolves it, and nothing has moved by then.
+
+    Made by :func:`checked_collective`, which says where it cannot be.
+    """
+
+    __slots__ = ("group", "call", "_buffers", "_run")
+
+    def __init__(self, group: Group, call: Call, run: Callable[..., int]):
+        self.group, self.call = group, call
+        self._buffers = _buffers_of(group)
+        self._run = run
+
+    def run(self, send: np.ndarray, receive: np.ndarray) -> None:
+        """Agree on the call, then make the collective from 1-D ``send`` into 1-D
+        ``receive`` (``send`` may be ``receive``: in place; a broadcast uses only
+        ``receive``).
+
+        Raises:
+            MismatchError: on every rank, when any rank's call differs.
+            MPI.Exception: the MPI call failed.
+        """
+        call = _enter(self.group, self.call)
+        try:
+            agreed = self._step(call, send, receive)
+            if agreed is _DIFFERENT:
+                with phase("wait for ranks"):
+                    _until_agreed(self.group, call, self._buffers,
+                                  lambda _, made: self._step(made, send, receive), agreed)
+        finally:
+            ACTIVITY.agreed()
+
+    def _step(self, call: Call, send: np.ndarray, receive: np.ndarray) -> Any:
+        status = self._run(call.fresh_array, send, receive)
+        if status == 0:
+            return None
+        if status == DIFFERENT:
+            return _DIFFERENT
+        raise MPI.Exception(status)
+
+
+def checked_collective(group: Group, call: Call, kind: int, dtype: np.dtype, count: int,
+                       op: MPI.Op = MPI.OP_NULL, root: int = 0) -> CheckedCollective | None:
+    """The collective ``kind`` (``ALLREDUCE``, ``BROADCAST`` or ``REDUCE_SCATTER`` of
+    :mod:`._compiled_exchange`) of ``count`` elements of ``dtype`` checked in one compiled
+    call, or None where it cannot be: no compiled exchange, a dtype without an MPI
+    datatype of the library's own, or more elements than a C ``int`` counts. (Where a
+    timeline records, callers take the Python path, whose phases it shows.)"""
+    buffers = _buffers_of(group)
+    datatype = _MPI_TYPES.get(np.dtype(dtype))
+    if buffers.compiled is None or datatype is None or count >= 1 << 31:
+        return None
+    return CheckedCollective(group, call, buffers.compiled.checked_collective(
+        buffers.message, buffers.receive, kind, count, datatype, op, root))
+
+
 def _enter(group: Group, call: Call) -> Call:
     """Note the call in progress for the stall inspector; returns it as this thread made
     it (see :meth:`Call.made_by`)."""

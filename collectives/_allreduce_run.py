@@ -10,6 +10,7 @@ from typing import Any
 
 
 from ..kernels import Compressor, FusionLayout, abs_max, pack, reducer, unpack
+from . import timeline
 from ._agreement import ValueRange, agree
 from ._data_phase import finisher, hierarchical_wire, reduce_hierarchical
 from ._group import Group
@@ -46,6 +47,10 @@ def reduce_planned(plan: AllreducePlan, collective: str, name: str | None, sourc
         reduce_compressed(memory, plan.group, plan.algorithm, plan.layout, plan.compressor,
                           source, result, prescale_factor, postscale_factor, plan.op,
                           value_range, plan.settings.segment_bytes, name, plan.wire)
+    elif plan.checked is not None and prescale_factor == 1.0 and timeline.ACTIVE is None:
+        plan.checked.run(source, result)
+        if plan.finish is not None:
+            plan.finish(result)
     else:
         agree(plan.group, plan.call)
         start = memory.scaled(source, prescale_factor, result)

@@ -7,8 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _broadcast_algorithms, _hierarchical, _native
-from ._agreement import BYTES, PAYLOAD_CAPACITY, Call, CarriedReduction, agree
+from . import _broadcast_algorithms, _hierarchical, _native, timeline
+from ._agreement import (BYTES, PAYLOAD_CAPACITY, Call, CarriedReduction, CheckedCollective,
+                         agree, checked_collective)
+from ._compiled_exchange import BROADCAST
 from ._buffers import device_tensor, results_like, returns_itself
 from ._calls import collective_call, run_validated
 from ._checks import flat, in_place_array, input_array, root_in_group
@@ -134,6 +136,8 @@ class _BroadcastPlan:
         carried: how a small host array travels in the agreement's messages (the
             root's bytes or'ed with the others' zeros), or None.
         zeros: what the ranks other than the root contribute to ``carried``.
+        checked: MPI's own broadcast made in the agreement's compiled call (host arrays,
+            ``native``), or None.
     """
 
     def __init__(self, array: Any, root_rank: Any, name: str | None,
@@ -144,6 +148,7 @@ class _BroadcastPlan:
         self.group = group = resolve_group(process_set, collective, name)
         self.root = root_in_group(group, root_rank, collective, name)
         self.carried: CarriedReduction | None = None
+        self.checked: CheckedCollective | None = None
         if on_device:
             self.layout, self.chosen, self.inner = None, "native", ""
             self.call = Call(collective="broadcast", name=name, root_rank=int(root_rank),
@@ -162,6 +167,9 @@ class _BroadcastPlan:
                          if chosen == "pipeline" or hierarchical else None,
                          **({"layout": layout.describe(), "schedule": self.inner}
                             if hierarchical else {}))
+        if chosen == "native":
+            self.checked = checked_collective(group, self.call, BROADCAST, BYTES,
+                                              array.nbytes, root=self.root)
         if chosen == "recursive_doubling" and array.nbytes <= PAYLOAD_CAPACITY:
             self.carried = CarriedReduction(group, self.call, BYTES, array.nbytes,
                                             np.bitwise_or, None)
@@ -215,7 +223,9 @@ def _broadcast(plan: _BroadcastPlan, memory: Any, array: Any, source: Any, owner
     into the caller's tensor ``owner`` (in place) or into a new array. ``source`` is the
     data, a host array or device memory as ``memory`` takes it; ``array`` describes it."""
     group, root = plan.group, plan.root
-    agree(group, plan.call)
+    checked = plan.checked if memory is HOST and timeline.ACTIVE is None else None
+    if checked is None:
+        agree(group, plan.call)
     if in_place:
         output, work = owner, flat(source) if memory is HOST else source
     else:
@@ -223,8 +233,13 @@ def _broadcast(plan: _BroadcastPlan, memory: Any, array: Any, source: Any, owner
         work = output.reshape(-1) if memory is HOST else output
         if group.rank == root:
             memory.copy(source, output)
-    broadcast_bytes(group, work.view(np.uint8) if memory is HOST else work, root,
-                    plan.chosen, plan.settings.segment_bytes, plan.layout, plan.inner, memory)
+    if checked is not None:
+        data = work.view(np.uint8)
+        checked.run(data, data)
+    else:
+        broadcast_bytes(group, work.view(np.uint8) if memory is HOST else work, root,
+                        plan.chosen, plan.settings.segment_bytes, plan.layout, plan.inner,
+                        memory)
     if in_place and memory is HOST and not array.flags.c_contiguous:
         array[...] = work.reshape(array.shape)
     return output

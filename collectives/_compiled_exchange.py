@@ -227,6 +227,42 @@ def _reduce_planned(plan, handles, fresh_header, factors, source, result) -> int
         plan[_CODE], fresh_header, factors, source, result)
 
 
+ALLREDUCE, BROADCAST, REDUCE_SCATTER = range(3)
+"""The MPI collectives that :meth:`CompiledExchange.checked_collective` makes."""
+# Words of a checked collective's description (int64).
+_FUNCTION, _KIND, _COUNT, _ROOT, _IN_PLACE = range(5)
+
+
+@numba.njit(cache=True, nogil=True)
+def _checked_collective(plan, handles, collective, fresh_header, send, receive) -> int:
+    """The check of the signatures (headers alone in the messages), then, where every
+    rank's was ours, the MPI library's own collective that ``collective`` describes from
+    ``send`` (``MPI_IN_PLACE`` when it is ``receive``) into ``receive``, with the datatype
+    and op of ``handles``: :data:`DIFFERENT`, 0, or the MPI call's error."""
+    state = numba.carray(void_pointer(plan[_AT_STATE]), plan[_STATE_WORDS], np.int64)
+    message = numba.carray(void_pointer(plan[_AT_MESSAGE]), plan[_MESSAGE_BYTES], np.uint8)
+    arrived = numba.carray(void_pointer(plan[_AT_RECEIVE]), plan[_RECEIVE_BYTES], np.uint8)
+    copy_bytes(message.ctypes.data, fresh_header.ctypes.data, fresh_header.size)
+    error = _exchange(
+        state, handles[0], handles[1],
+        numba.carray(void_pointer(plan[_AT_BOXES]), plan[_BOX_WORDS], np.int64),
+        numba.carray(void_pointer(plan[_AT_COUNTERS]), plan[_COUNTER_WORDS], np.int64),
+        message, plan[_LENGTH], arrived, HEADERS_IF_DIFFERENT, 0, message[:0], arrived[:0])
+    if error != 0:
+        return error
+    for i in range(state[_SIGNATURE_BYTES]):
+        if message[i] != fresh_header[i]:
+            return DIFFERENT
+    function, kind = collective[_FUNCTION], collective[_KIND]
+    count, comm, datatype, op = np.int32(collective[_COUNT]), handles[0], handles[2], handles[3]
+    target = receive.ctypes.data
+    if kind == BROADCAST:
+        return call_c(function, (target, count, datatype, np.int32(collective[_ROOT]), comm))
+    if send.ctypes.data == target:  # (a variable holding either address miscompiles)
+        return call_c(function, (collective[_IN_PLACE], target, count, datatype, op, comm))
+    return call_c(function, (send.ctypes.data, target, count, datatype, op, comm))
+
+
 class CompiledExchange:
     """The compiled exchange of one group, set up once."""
 
@@ -246,6 +282,8 @@ class CompiledExchange:
         self._state = np.array(fields + [0] * status_words, np.int64)
         self._comm = functions.handle(group.comm)
         self._byte = functions.handle(MPI.BYTE)
+        self._functions = functions
+        self._header_bytes = header_bytes
 
     def run(self, message: np.ndarray, length: int, receive: np.ndarray, mode: int,
             code: int = 0, mine: np.ndarray = _NO_PAYLOAD,
@@ -279,12 +317,41 @@ class CompiledExchange:
         It finds its arrays by address: ``message`` and ``receive`` must live as long as
         it is called (the group's own do, and so do this exchange's).
         """
-        plan = np.array([self._state.ctypes.data, self._state.size, self._boxes.ctypes.data,
+        handles = np.array([self._comm, self._byte], self._comm.dtype)
+        return functools.partial(_reduce_planned, self._plan(message, length, receive, code),
+                                 handles)
+
+    def checked_collective(self, message: np.ndarray, receive: np.ndarray, kind: int,
+                           count: int, datatype: MPI.Datatype, op: MPI.Op = MPI.OP_NULL,
+                           root: int = 0
+                           ) -> Callable[[np.ndarray, np.ndarray, np.ndarray], int]:
+        """An MPI collective checked by the agreement in the same compiled call, bound
+        to the agreement's messages: ``run(fresh_header, send, receive)`` exchanges the
+        header (uint8) as :meth:`run` does in mode :data:`HEADERS_IF_DIFFERENT`, and,
+        if every rank's signature was ours, makes the collective ``kind`` of ``count``
+        elements of ``datatype`` (combined by ``op``; a broadcast from group rank
+        ``root`` in ``receive``) from array ``send`` (in place when it is ``receive``)
+        into array ``receive``, returning 0 or the MPI call's error code;
+        :data:`DIFFERENT` (nothing moved) when some rank's signature differed. A
+        reduce-scatter gives every rank ``count`` elements. The datatype and op must be
+        the MPI library's own (a user-defined op would call Python without the GIL)."""
+        functions = self._functions
+        address = {ALLREDUCE: functions.allreduce, BROADCAST: functions.bcast,
+                   REDUCE_SCATTER: functions.reduce_scatter_block}[kind]
+        handles = np.array([self._comm, self._byte, functions.handle(datatype),
+                            functions.handle(op)], self._comm.dtype)
+        collective = np.array([address, kind, count, root, int(MPI.IN_PLACE)], np.int64)
+        return functools.partial(_checked_collective,
+                                 self._plan(message, self._header_bytes, receive, 0), handles,
+                                 collective)
+
+    def _plan(self, message: np.ndarray, length: int, receive: np.ndarray,
+              code: int) -> np.ndarray:
+        """Where a compiled call finds its group's arrays and its messages."""
+        return np.array([self._state.ctypes.data, self._state.size, self._boxes.ctypes.data,
                          self._boxes.size, self._counters.ctypes.data, self._counters.size,
                          message.ctypes.data, message.size, receive.ctypes.data,
                          receive.size, length, code], np.int64)
-        handles = np.array([self._comm, self._byte], self._comm.dtype)
-        return functools.partial(_reduce_planned, plan, handles)
 
 
 def compiled_exchange(group: Group, signature_bytes: int,

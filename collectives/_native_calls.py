@@ -78,8 +78,8 @@ class MpiFunctions:
     """The MPI library's functions that compiled code calls, as addresses.
 
     Attributes:
-        sendrecv, send, recv, isend, irecv, testall, iprobe, improbe, mrecv, get_count:
-            ``MPI_Sendrecv``, ``MPI_Send``, and so on.
+        sendrecv, send, recv, isend, irecv, testall, iprobe, improbe, mrecv, get_count,
+        allreduce, bcast, reduce_scatter_block: ``MPI_Sendrecv``, ``MPI_Send``, and so on.
         handle_dtype: the C type of the library's handles (``int`` in MPICH, a pointer
             in Open MPI), as which handles are passed.
         status_bytes: the size of an ``MPI_Status``.
@@ -95,6 +95,9 @@ class MpiFunctions:
     improbe: int
     mrecv: int
     get_count: int
+    allreduce: int
+    bcast: int
+    reduce_scatter_block: int
     handle_dtype: np.dtype
     status_bytes: int
 

@@ -11,10 +11,12 @@ import numpy as np
 from ..kernels import Compressor, FusionLayout, reducer
 from ..kernels.reduction import Combine
 from ._adasum import working_dtype
-from ._agreement import PAYLOAD_CAPACITY, Call, CarriedReduction
+from ._agreement import PAYLOAD_CAPACITY, Call, CarriedReduction, checked_collective
+from ._compiled_exchange import ALLREDUCE
 from ._checks import active_compressor, check_compression, check_reduction
 from ._data_phase import Finisher, finisher
 from ._memory import AWARE, IPC, MPI_CANNOT_REDUCE, STAGED, goes_direct
+from ._native import MPI_OPS
 from ._ops import ReduceOp, resolve_op
 from ._plan_cache import PlanCache
 from ._process_sets import ProcessSet, resolve_group
@@ -59,10 +61,12 @@ class AllreducePlan:
         wire: the host plan's own buffer for the compressed values.
         carried: how the data travels in the agreement's messages (small host arrays
             reduced by recursive doubling), or None.
+        checked: MPI's own allreduce made in the agreement's compiled call (host arrays
+            of MPI's own datatypes, ``native``, uncompressed), or None.
     """
 
     __slots__ = ("group", "settings", "op", "algorithm", "call", "finish", "combine",
-                 "compressor", "wire", "layout", "memory", "carried")
+                 "compressor", "wire", "layout", "memory", "carried", "checked")
 
     def __init__(self, array: Any, op: Any, name: str | None, prescale_factor: float,
                  postscale_factor: float, process_set: ProcessSet | None,
@@ -109,6 +113,10 @@ class AllreducePlan:
             self.algorithm == "recursive_doubling" and array.nbytes <= PAYLOAD_CAPACITY
         self.carried = CarriedReduction(self.group, self.call, array.dtype, array.size,
                                         self.combine, self.finish) if carried else None
+        checked = self.memory is None and self.compressor is None and \
+            self.algorithm == "native"
+        self.checked = checked_collective(self.group, self.call, ALLREDUCE, array.dtype,
+                                          array.size, MPI_OPS[self.op]) if checked else None
 
 
 _PLANS: PlanCache[AllreducePlan] = PlanCache()

@@ -11,8 +11,10 @@ import numpy as np
 from ..kernels import Compression, Compressor, abs_max, encoding_of, reducer
 from ..kernels.host import scale_into
 from ..kernels.reduction import Combine
-from . import _native, _recursive_doubling, _ring
-from ._agreement import PAYLOAD_CAPACITY, Call, CarriedReduction, agree
+from . import _native, _recursive_doubling, _ring, timeline
+from ._agreement import (PAYLOAD_CAPACITY, Call, CarriedReduction, CheckedCollective,
+                         agree, checked_collective)
+from ._compiled_exchange import REDUCE_SCATTER
 from ._allreduce_run import warn_nonfinite
 from ._buffers import device_tensor, results_like
 from ._calls import collective_call, run_validated
@@ -21,6 +23,7 @@ from ._checks import (active_compressor, check_compression, check_reduction, che
 from ._data_phase import Finisher, finisher
 from ._executor import Handle
 from ._memory import AWARE, HOST, goes_direct
+from ._native import MPI_OPS
 from ._placement import memory_for, staged
 from ._plan_cache import PlanCache
 from ._ops import ReduceOp, resolve_op
@@ -99,6 +102,8 @@ class _ReducescatterPlan:
             compressed: the decoding finishes).
         carried: how a small host array is reduced whole in the agreement's messages
             (``recursive_doubling``), each rank keeping its share; or None.
+        checked: MPI's own reduce-scatter made in the agreement's compiled call (host
+            arrays of MPI's own datatypes split evenly, ``native``), or None.
     """
 
     def __init__(self, array: Any, op: Any, name: str | None, prescale_factor: float,
@@ -115,6 +120,7 @@ class _ReducescatterPlan:
         self.settings = settings = current_settings()
         self.group = group = resolve_group(process_set, "reducescatter", name)
         self.carried: CarriedReduction | None = None
+        self.checked: CheckedCollective | None = None
         self.compressor = compressor = active_compressor(compression, array.dtype, op,
                                                          "reducescatter", name)
         row = math.prod(array.shape[1:])
@@ -149,6 +155,9 @@ class _ReducescatterPlan:
         if self.chosen == "recursive_doubling" and array.nbytes <= PAYLOAD_CAPACITY:
             self.carried = CarriedReduction(group, self.call, array.dtype, array.size,
                                             self.combine, self.finish)
+        if self.chosen == "native" and not on_device and len(set(self.counts)) == 1:
+            self.checked = checked_collective(group, self.call, REDUCE_SCATTER, array.dtype,
+                                              self.counts[0], MPI_OPS[op])
 
 
 _PLANS: PlanCache[_ReducescatterPlan] = PlanCache()
@@ -199,6 +208,12 @@ def _reduced(plan: _ReducescatterPlan, memory: Any, source: Any, like: Any,
         return _by_recursive_doubling(group, plan.call, source, prescale_factor, plan.combine,
                                       plan.finish, plan.bounds[group.rank], plan.share_shape,
                                       segment_bytes)
+    if plan.checked is not None and memory is HOST and prescale_factor == 1.0 and \
+            timeline.ACTIVE is None:
+        output = memory.new(like, plan.share_shape)
+        plan.checked.run(source, output.reshape(-1))
+        memory.finish(output, plan.finish)
+        return output
     agree(group, plan.call)
     start = source
     if prescale_factor != 1.0:

@@ -523,6 +523,30 @@ def small_allreduces_scale_alike_in_both_exchanges():
 SHARED_MEMORY = "RINGTRAIN_AGREEMENT_SHARED_MEMORY"
 
 
+@check
+def native_allreduces_check_and_reduce_in_one_compiled_call():
+    """MPI's own allreduce of host arrays of MPI's own datatypes runs in the agreement's
+    compiled call, in place (``MPI_IN_PLACE``) and out of place; 16-bit floats, whose
+    reduction is ringtrain's own MPI op, take the Python path."""
+    k, rank = rt.size(), rt.rank()
+    for dtype in (np.float32, np.float64, np.int8, np.int16, np.int64):
+        inputs = [np.arange(37 * k + 1).astype(dtype) + dtype(r) for r in range(k)]
+        x = inputs[rank]
+        plan = allreduce_plan(x, rt.Max, "checked", 1.0, 1.0, None, "native",
+                              rt.Compression.none, "allreduce")
+        assert plan.checked is not None, f"{dtype.__name__}: no compiled call"
+        expected = np.maximum.reduce(inputs)
+        assert_equal_arrays(rt.allreduce(x, rt.Max, name="checked", algorithm="native"),
+                            expected, f"out of place {dtype.__name__}")
+        y = x.copy()
+        assert rt.allreduce_(y, rt.Max, name="checked", algorithm="native") is y
+        assert_equal_arrays(y, expected, f"in place {dtype.__name__}")
+    for dtype in (np.float16, ml_dtypes.bfloat16):
+        plan = allreduce_plan(np.zeros(5, dtype), rt.Sum, None, 1.0, 1.0, None, "native",
+                              rt.Compression.none, "allreduce")
+        assert plan.checked is None, f"{np.dtype(dtype).name} in the compiled call"
+
+
 @check(min_size=2)
 def the_exchange_uses_shared_memory_on_one_node():
     """All ranks run on one node here: the agreement's messages take the mailboxes,
