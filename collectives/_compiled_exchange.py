@@ -13,7 +13,9 @@ so the stall inspector's thread runs while it waits.
 
 A small allreduce is one compiled call (:meth:`CompiledExchange.reduction`): it fills
 the message from the caller's array, exchanges, checks the signatures and writes the
-finished result.
+finished result. So is a larger allreduce, broadcast or reduce-scatter that the MPI
+library's own collective moves (:meth:`CompiledExchange.checked_collective`): the
+headers are exchanged and checked, then the collective is called.
 
 Payloads combine here by the operations numpy's ufuncs perform (``np.add``,
 ``np.minimum``, ``np.maximum``, ``np.multiply`` on the dtypes below, each dtype compiled
