@@ -208,13 +208,14 @@ def _key(on_device: bool, array: Any, name: str | None, process_set: ProcessSet 
 
 
 def _carried(plan: _AllgatherPlan, array: np.ndarray) -> np.ndarray:
-    """A small allgather in the agreement's own messages.
+    """An allgather whose row counts ride in the agreement's own messages.
 
     Every rank's row count, and its rows when they fit, ride in the agreement
     (:class:`CarriedGather`). When every count is the same (the usual case), every rank
-    made the same choice and the rows have arrived; otherwise the ranks, all knowing
-    every count now, gather the rows as ``auto`` chooses for their total size (the
-    payloads, of different lengths, are not used).
+    made the same choice: the rows have arrived, or they follow as the plan chose for
+    their size; otherwise the ranks, all knowing every count now, gather the rows as
+    ``auto`` chooses for their total size (the payloads, of different lengths, are not
+    used).
     """
     rows = array.reshape(1) if array.ndim == 0 else array
     mine = rows.reshape(-1).view(np.uint8)

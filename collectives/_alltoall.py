@@ -158,14 +158,14 @@ def _key(on_device: bool, array: Any, name: str | None, process_set: ProcessSet 
 
 def _carried(plan: _AlltoallPlan, send: np.ndarray, send_splits: np.ndarray,
              array: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A small alltoall in the agreement's own messages.
+    """An alltoall whose splits ride in the agreement's own messages.
 
     Every rank's splits (the matrix), and its whole send buffer when it is small enough
     for ``auto`` to choose this way, ride in the agreement (:class:`CarriedGather`).
-    When every rank sends as many bytes (the usual case) every rank made the same choice
-    and the rows have arrived; otherwise the ranks, all knowing the matrix now, move the
-    rows as ``auto`` chooses for their mean size (the payloads, of different lengths,
-    are not used).
+    When every rank sends the even splits (the usual case) every rank made the same
+    choice: the rows have arrived, or they follow as the plan chose for their size;
+    otherwise the ranks, all knowing the matrix now, move the rows as ``auto`` chooses
+    for their mean size (the payloads, of different lengths, are not used).
     """
     group, row_bytes = plan.group, plan.row_bytes
     size, rank, mine = group.size, group.rank, send.nbytes
