@@ -260,7 +260,9 @@ def _checked_collective(plan, handles, collective, fresh_header, send, receive) 
     target = receive.ctypes.data
     if kind == BROADCAST:
         return call_c(function, (target, count, datatype, np.int32(collective[_ROOT]), comm))
-    if send.ctypes.data == target:  # (a variable holding either address miscompiles)
+    # Two calls: one variable holding either address reached MPI as the wrong argument
+    # (numba 0.68).
+    if send.ctypes.data == target:
         return call_c(function, (collective[_IN_PLACE], target, count, datatype, op, comm))
     return call_c(function, (send.ctypes.data, target, count, datatype, op, comm))
 
