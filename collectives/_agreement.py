@@ -457,12 +457,13 @@ def checked_collective(group: Group, call: Call, kind: int, dtype: np.dtype, cou
                        op: MPI.Op = MPI.OP_NULL, root: int = 0) -> CheckedCollective | None:
     """The collective ``kind`` (``ALLREDUCE``, ``BROADCAST`` or ``REDUCE_SCATTER`` of
     :mod:`._compiled_exchange`) of ``count`` elements of ``dtype`` checked in one compiled
-    call, or None where it cannot be: no compiled exchange, a dtype without an MPI
-    datatype of the library's own, or more elements than a C ``int`` counts. (Where a
-    timeline records, callers take the Python path, whose phases it shows.)"""
+    call, or None where it cannot be or need not be: no compiled exchange, a dtype
+    without an MPI datatype of the library's own, more elements than a C ``int``
+    counts, or a group of one rank (nothing to check or move). (Where a timeline
+    records, callers take the Python path, whose phases it shows.)"""
     buffers = _buffers_of(group)
     datatype = _MPI_TYPES.get(np.dtype(dtype))
-    if buffers.compiled is None or datatype is None or count >= 1 << 31:
+    if buffers.compiled is None or datatype is None or count >= 1 << 31 or group.size == 1:
         return None
     return CheckedCollective(group, call, buffers.compiled.checked_collective(
         buffers.message, buffers.receive, kind, count, datatype, op, root))

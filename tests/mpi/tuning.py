@@ -20,6 +20,7 @@ from mpi4py import MPI
 
 import ringtrain as rt
 from ringtrain.collectives import _broadcast_algorithms, _native, _pairwise, _ring, tuning
+from ringtrain.collectives._agreement import CheckedCollective
 from ringtrain.collectives._allreduce import allreduce_plan
 from ringtrain.collectives._world import world
 from ringtrain.collectives.bench import tune
@@ -46,11 +47,14 @@ TABLE_RANGES = {
 SPIED = {"allgather": ((_native, "allgather", "native"), (_ring, "allgather", "ring")),
          "alltoall": ((_native, "alltoall", "native"), (_pairwise, "alltoall", "pairwise")),
          "broadcast": ((_native, "broadcast", "native"),
+                       (CheckedCollective, "run", "native"),
                        (_broadcast_algorithms, "pipeline", "pipeline"),
                        (_broadcast_algorithms, "binomial", "binomial")),
          "reducescatter": ((_native, "reducescatter", "native"),
+                           (CheckedCollective, "run", "native"),
                            (_ring, "reduce_scatter", "ring"))}
-"""The function each algorithm's data phase calls, by collective."""
+"""The function each algorithm's data phase calls, by collective (MPI's own collective
+is called from Python, or from the agreement's compiled call)."""
 
 
 def job_key() -> tuning.TuningKey:
