@@ -420,10 +420,8 @@ class CheckedCollective:
 
     __slots__ = ("group", "call", "_buffers", "_run")
 
-    def __init__(self, group: Group, call: Call, run: Callable[..., int]):
-        self.group, self.call = group, call
-        self._buffers = _buffers_of(group)
-        self._run = run
+    def __init__(self, group: Group, call: Call, buffers: _Buffers, run: Callable[..., int]):
+        self.group, self.call, self._buffers, self._run = group, call, buffers, run
 
     def run(self, send: np.ndarray, receive: np.ndarray) -> None:
         """Agree on the call, then make the collective from 1-D ``send`` into 1-D
@@ -465,7 +463,7 @@ def checked_collective(group: Group, call: Call, kind: int, dtype: np.dtype, cou
     datatype = _MPI_TYPES.get(np.dtype(dtype))
     if buffers.compiled is None or datatype is None or count >= 1 << 31 or group.size == 1:
         return None
-    return CheckedCollective(group, call, buffers.compiled.checked_collective(
+    return CheckedCollective(group, call, buffers, buffers.compiled.checked_collective(
         buffers.message, buffers.receive, kind, count, datatype, op, root))
 
 

@@ -208,24 +208,23 @@ def _reduced(plan: _ReducescatterPlan, memory: Any, source: Any, like: Any,
         return _by_recursive_doubling(group, plan.call, source, prescale_factor, plan.combine,
                                       plan.finish, plan.bounds[group.rank], plan.share_shape,
                                       segment_bytes)
-    if plan.checked is not None and memory is HOST and prescale_factor == 1.0 and \
-            timeline.ACTIVE is None:
-        output = memory.new(like, plan.share_shape)
-        plan.checked.run(source, output.reshape(-1))
-        memory.finish(output, plan.finish)
-        return output
-    agree(group, plan.call)
+    checked = plan.checked if memory is HOST and prescale_factor == 1.0 and \
+        timeline.ACTIVE is None else None
+    if checked is None:
+        agree(group, plan.call)
     start = source
     if prescale_factor != 1.0:
         start = memory.scaled(source, prescale_factor,
                               memory.scratch("prescaled", like.size, like.dtype))
     output = memory.new(like, plan.share_shape)
     result = output.reshape(-1) if memory is HOST else output
-    if chosen == "ring" and group.size > 1:
+    if checked is not None:
+        checked.run(start, result)
+    elif chosen == "ring" and group.size > 1:
         _ring.reduce_scatter(group, memory.for_mpi(start), memory.for_mpi(result),
                              plan.bounds, plan.combine, plan.finish, segment_bytes)
         return output
-    if group.size == 1:
+    elif group.size == 1:
         memory.copy(start, result)
     elif like.size:
         _native.reducescatter(group, memory.for_mpi(start), memory.for_mpi(result),
