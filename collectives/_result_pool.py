@@ -4,16 +4,21 @@ glibc serves an allocation above its mmap threshold (which never exceeds 32 MiB)
 fresh pages, and the first write to each 4 KiB page then faults: for an out-of-place
 broadcast of 32 MiB at 2 ranks the faults cost about as much as the transfer (0.64 of
 MPI's own time on a buffer it reuses; 0.91 with the result's memory reused). So a result
-of at least :data:`MIN_BYTES` is carved from a block ringtrain keeps. The result's base
-object is a lease on the block, kept alive by the result and by every view of it
-(numpy's, torch's ``from_numpy``); when the last of them is gone the block comes back,
-and the next result it can hold reuses its pages. Idle blocks are kept up to
-``RINGTRAIN_RESULT_POOL_BYTES`` in all, the oldest dropped first.
+of at least :data:`MIN_BYTES` is an array over a block ringtrain keeps. Every array that
+uses a block's memory (the result, numpy's views of it, torch's ``from_numpy``, a
+``memoryview``) holds a reference to the block's own array, so a block is free when
+nothing but the pool refers to it: the next result it can hold then reuses its pages.
+Nothing runs when a result is dropped; the pool looks when it hands out a result.
+
+Free blocks are kept up to ``RINGTRAIN_RESULT_POOL_BYTES`` in all: when the pool makes a
+new block, the free blocks beyond that are dropped, those handed out longest ago first.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
+import sys
 import threading
 from typing import Any
 
@@ -27,95 +32,106 @@ afresh, and every page then faults on its first write: its mmap threshold starts
 128 KiB, and heap memory freed at the top beyond twice the threshold goes back to the
 system (as when the MPI library frees a buffer of its own beside the result). Measured
 on a 2-core EPYC: MPI's own allreduce of 512 KiB at 2 ranks took 333-345 µs into new
-numpy arrays, 134-136 into pooled results, 117 into one reused buffer. A pooled result
-costs its lease: writing a new 256 KiB result took 9.2 µs pooled against 6.9 from numpy
-where glibc reused its heap; 16 MiB, three earlier results still held, 1693 against
-4514 µs (1219 into a reused buffer)."""
+numpy arrays, 134-136 into pooled results, 117 into one reused buffer; 16 MiB, three
+earlier results still held, 1693 µs pooled against 4514 (1219 into a reused buffer)."""
 _BLOCK_GRAIN = 64 << 10
 """Blocks are whole multiples of 64 KiB, so results of nearby sizes share them."""
+_FREE_REFERENCES = 2
+"""``sys.getrefcount`` of a free block's array: the pool's reference and the call's."""
 
 
 class _Block:
-    """Memory kept for results, with the array interface of its last lease (numpy only
-    reads it; results of one size again and again share it)."""
+    """Memory kept for results, and when it was last handed out (the pool's count)."""
 
-    __slots__ = ("memory", "nbytes", "_interface")
+    __slots__ = ("memory", "nbytes", "handed_out")
 
-    def __init__(self, nbytes: int):
+    def __init__(self, nbytes: int, handed_out: int):
         self.memory = np.empty(nbytes, np.uint8)
         self.nbytes = nbytes
-        self._interface: dict[str, Any] = {"shape": (0,)}
+        self.handed_out = handed_out
 
-    def interface(self, nbytes: int) -> dict[str, Any]:
-        """The array interface of the block's first ``nbytes`` bytes."""
-        if self._interface["shape"] != (nbytes,):
-            self._interface = {"shape": (nbytes,), "typestr": "|u1", "version": 3,
-                               "data": (self.memory.ctypes.data, False)}
-        return self._interface
-
-
-class _Lease:
-    """One result's hold on a block: the base object of the result's arrays. When the
-    last of them is gone the block goes back to its pool."""
-
-    __slots__ = ("__array_interface__", "_block", "_pool")
-
-    def __init__(self, pool: ResultPool, block: _Block, nbytes: int):
-        self._pool, self._block = pool, block
-        self.__array_interface__ = block.interface(nbytes)
-
-    def __del__(self) -> None:
-        self._pool._give_back(self._block)
+    def is_free(self) -> bool:
+        """Whether no array but the pool's own uses the block."""
+        return sys.getrefcount(self.memory) == _FREE_REFERENCES
 
 
 class ResultPool:
-    """Blocks for large results, handed out and taken back.
+    """Blocks for large results, handed out again once nothing uses them.
 
     Args:
-        limit_bytes: idle blocks kept at most, in bytes (0: every result from numpy).
+        limit_bytes: free blocks kept at most, in bytes (0: every result from numpy).
     """
 
     def __init__(self, limit_bytes: int):
         self.limit_bytes = limit_bytes
-        self._idle: list[_Block] = []  # oldest first
-        self._idle_bytes = 0
+        self._blocks: dict[int, list[_Block]] = {}  # by size
+        self._sizes: list[int] = []  # the keys of _blocks, ascending
+        self._handed_out = 0
         self._lock = threading.Lock()
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        """An uninitialised C-contiguous array, from a pooled block when it is large."""
+        """An uninitialised C-contiguous array, over a pooled block when it is large."""
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes < MIN_BYTES or self.limit_bytes == 0:
+        if nbytes < MIN_BYTES or nbytes > self.limit_bytes:
             return np.empty(shape, dtype)
-        lease = _Lease(self, self._take(nbytes), nbytes)
-        return np.asarray(lease).view(dtype).reshape(shape)
-
-    def _take(self, nbytes: int) -> _Block:
-        """The smallest idle block that holds ``nbytes`` without wasting half of it, or a
-        new one."""
         with self._lock:
-            best = None
-            for block in self._idle:
-                if nbytes <= block.nbytes <= 2 * nbytes and \
-                        (best is None or block.nbytes < best.nbytes):
-                    best = block
-            if best is not None:
-                self._idle.remove(best)
-                self._idle_bytes -= best.nbytes
-                return best
-        return _Block(-(-nbytes // _BLOCK_GRAIN) * _BLOCK_GRAIN)
+            self._handed_out += 1
+            blocks = self._blocks.get(-(-nbytes // _BLOCK_GRAIN) * _BLOCK_GRAIN)
+            if blocks and blocks[0].is_free():  # the usual case: a result of this size
+                block = blocks.pop(0)            # was dropped
+                blocks.append(block)
+            else:
+                block = self._free_block(nbytes) or self._new_block(nbytes)
+            block.handed_out = self._handed_out
+            return np.ndarray(shape, dtype, block.memory)
 
-    def _give_back(self, block: _Block) -> None:
-        with self._lock:
-            self._idle.append(block)
-            self._idle_bytes += block.nbytes
-            while self._idle_bytes > self.limit_bytes:
-                self._idle_bytes -= self._idle.pop(0).nbytes
+    def _free_block(self, nbytes: int) -> _Block | None:
+        """The smallest free block that holds ``nbytes`` without wasting half of it,
+        moved to the end of its size's list (which the pool searches from the block
+        handed out longest ago, the likeliest to be free)."""
+        sizes = self._sizes
+        for index in range(bisect.bisect_left(sizes, nbytes), len(sizes)):
+            if sizes[index] > 2 * nbytes:
+                break
+            blocks = self._blocks[sizes[index]]
+            for block in blocks:
+                if block.is_free():
+                    blocks.remove(block)
+                    blocks.append(block)
+                    return block
+        return None
+
+    def _new_block(self, nbytes: int) -> _Block:
+        """A new block for ``nbytes``, after dropping the free blocks beyond the limit."""
+        free = sorted((block for blocks in self._blocks.values() for block in blocks
+                       if block.is_free()), key=lambda block: block.handed_out)
+        free_bytes = sum(block.nbytes for block in free)
+        for block in free:
+            if free_bytes <= self.limit_bytes:
+                break
+            free_bytes -= block.nbytes
+            self._forget(block)
+        size = -(-nbytes // _BLOCK_GRAIN) * _BLOCK_GRAIN
+        block = _Block(size, self._handed_out)
+        if size not in self._blocks:
+            bisect.insort(self._sizes, size)
+        self._blocks.setdefault(size, []).append(block)
+        return block
+
+    def _forget(self, block: _Block) -> None:
+        blocks = self._blocks[block.nbytes]
+        blocks.remove(block)
+        if not blocks:
+            del self._blocks[block.nbytes]
+            self._sizes.remove(block.nbytes)
 
     @property
     def idle_bytes(self) -> int:
-        """Bytes of the blocks waiting for a result."""
-        return self._idle_bytes
+        """Bytes of the blocks that nothing uses now."""
+        with self._lock:
+            return sum(block.nbytes for blocks in self._blocks.values() for block in blocks
+                       if block.is_free())
 
 
 RESULTS = ResultPool(RESULT_POOL_BYTES.read())

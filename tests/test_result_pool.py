@@ -51,15 +51,34 @@ def test_a_block_is_reused_only_for_results_it_holds_without_wasting_half():
     assert address(pool.empty((3 * MIN_BYTES,), np.uint8)) == block_start
 
 
-def test_idle_blocks_stay_under_the_limit_oldest_dropped_first():
+def test_a_new_block_drops_the_free_blocks_beyond_the_limit_handed_out_longest_ago():
     pool = ResultPool(3 * MIN_BYTES)
     results = [pool.empty((MIN_BYTES,), np.uint8) for _ in range(5)]
     starts = [address(r) for r in results]
-    while results:  # given back in order: the first two are dropped
-        results.pop(0)
+    results.clear()
+    assert pool.idle_bytes == 5 * MIN_BYTES  # nothing runs when results are dropped
+    larger = pool.empty((2 * MIN_BYTES,), np.uint8)  # no free block holds it: a new one
     assert pool.idle_bytes == 3 * MIN_BYTES
     reused = [pool.empty((MIN_BYTES,), np.uint8) for _ in range(3)]
     assert sorted(address(r) for r in reused) == sorted(starts[2:])
+    assert address(larger) not in starts
+
+
+def test_a_block_in_use_is_passed_over_and_a_free_one_found_behind_it():
+    pool = ResultPool(8 * MIN_BYTES)
+    held = pool.empty((MIN_BYTES,), np.uint8)
+    dropped = address(pool.empty((MIN_BYTES,), np.uint8))
+    again = pool.empty((MIN_BYTES,), np.uint8)
+    assert address(again) == dropped and address(held) != dropped
+    memory = again.base
+    del again
+    assert address(pool.empty((MIN_BYTES,), np.uint8)) != dropped  # its base is held
+    del memory
+    assert address(pool.empty((MIN_BYTES,), np.uint8)) == dropped
+
+
+def test_results_larger_than_the_limit_come_from_numpy():
+    assert ResultPool(2 * MIN_BYTES).empty((3 * MIN_BYTES,), np.uint8).flags.owndata
 
 
 def test_small_results_and_a_zero_limit_come_from_numpy():
