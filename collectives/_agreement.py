@@ -64,7 +64,7 @@ from ..kernels import is_floating, scale_into
 from ..kernels.reduction import Combine
 from . import _name_matching, _recursive_doubling, timeline
 from ._activity import ACTIVITY
-from ._compiled_exchange import (DIFFERENT, HEADERS, HEADERS_IF_DIFFERENT, PAYLOADS,
+from ._compiled_exchange import (DIFFERENT, HEADERS, HEADERS_IF_DIFFERENT, PAYLOADS, UNEVEN,
                                  CompiledExchange, compiled_exchange, payload_code)
 from ._data_phase import Finisher
 from ._tracing import phase
@@ -411,22 +411,29 @@ floats have none)."""
 class CheckedCollective:
     """One of the MPI library's own collectives made in the same compiled call as the
     agreement's check (:meth:`._compiled_exchange.CompiledExchange.checked_collective`),
-    set up once for one kind of call: the headers travel alone, and where every rank's
-    call is the same the collective runs before the call returns to Python. A mismatch
-    is resolved as :func:`agree` resolves it, and nothing has moved by then.
+    set up once for one kind of call: the headers travel alone (a gather's or an
+    alltoall's words with them), and where every rank's call is the same the collective
+    runs before the call returns to Python. A mismatch is resolved as :func:`agree`
+    resolves it, and nothing has moved by then.
 
     Made by :func:`checked_collective`, which says where it cannot be.
     """
 
-    __slots__ = ("group", "call", "_buffers", "_run")
+    __slots__ = ("group", "call", "_buffers", "_run", "_width")
 
-    def __init__(self, group: Group, call: Call, buffers: _Buffers, run: Callable[..., int]):
+    def __init__(self, group: Group, call: Call, buffers: _Buffers, run: Callable[..., int],
+                 width: int):
         self.group, self.call, self._buffers, self._run = group, call, buffers, run
+        self._width = width
 
-    def run(self, send: np.ndarray, receive: np.ndarray) -> None:
+    def run(self, send: np.ndarray, receive: np.ndarray) -> np.ndarray | None:
         """Agree on the call, then make the collective from 1-D ``send`` into 1-D
         ``receive`` (``send`` may be ``receive``: in place; a broadcast uses only
         ``receive``).
+
+        Returns:
+            None; or, for a gather or an alltoall where some rank's words differ from
+            this rank's, every rank's words (a new ranks x width array), nothing moved.
 
         Raises:
             MismatchError: on every rank, when any rank's call differs.
@@ -437,8 +444,10 @@ class CheckedCollective:
             agreed = self._step(call, send, receive)
             if agreed is _DIFFERENT:
                 with phase("wait for ranks"):
-                    _until_agreed(self.group, call, self._buffers,
-                                  lambda _, made: self._step(made, send, receive), agreed)
+                    agreed = _until_agreed(self.group, call, self._buffers,
+                                           lambda _, made: self._step(made, send, receive),
+                                           agreed)
+            return agreed
         finally:
             ACTIVITY.agreed()
 
@@ -448,23 +457,32 @@ class CheckedCollective:
             return None
         if status == DIFFERENT:
             return _DIFFERENT
+        if status == UNEVEN:
+            words = self.group.size * self._width
+            return self._buffers.message[HEADER_BYTES:HEADER_BYTES + 8 * words].view(
+                np.int64).reshape(self.group.size, self._width).copy()
         raise MPI.Exception(status)
 
 
 def checked_collective(group: Group, call: Call, kind: int, dtype: np.dtype, count: int,
-                       op: MPI.Op = MPI.OP_NULL, root: int = 0) -> CheckedCollective | None:
-    """The collective ``kind`` (``ALLREDUCE``, ``BROADCAST`` or ``REDUCE_SCATTER`` of
-    :mod:`._compiled_exchange`) of ``count`` elements of ``dtype`` checked in one compiled
-    call, or None where it cannot be or need not be: no compiled exchange, a dtype
-    without an MPI datatype of the library's own, more elements than a C ``int``
-    counts, or a group of one rank (nothing to check or move). (Where a timeline
-    records, callers take the Python path, whose phases it shows.)"""
+                       op: MPI.Op = MPI.OP_NULL, root: int = 0,
+                       words: np.ndarray | None = None) -> CheckedCollective | None:
+    """The collective ``kind`` (``ALLREDUCE``, ``BROADCAST``, ``REDUCE_SCATTER``,
+    ``ALLGATHER`` or ``ALLTOALL`` of :mod:`._compiled_exchange`) of ``count`` elements
+    of ``dtype`` checked in one compiled call, or None where it cannot be or need not
+    be: no compiled exchange, a dtype without an MPI datatype of the library's own, more
+    elements than a C ``int`` counts, or a group of one rank (nothing to check or move).
+    An allgather's and an alltoall's ``words`` (int64: this rank's row count, its
+    splits) travel with the check, as :class:`CarriedGather` carries them. (Where a
+    timeline records, callers take the Python path, whose phases it shows.)"""
     buffers = _buffers_of(group)
     datatype = _MPI_TYPES.get(np.dtype(dtype))
     if buffers.compiled is None or datatype is None or count >= 1 << 31 or group.size == 1:
         return None
+    words = np.empty(0, np.int64) if words is None else words
     return CheckedCollective(group, call, buffers, buffers.compiled.checked_collective(
-        buffers.message, buffers.receive, kind, count, datatype, op, root))
+        buffers.message, buffers.receive, kind, count, datatype, op, root, words),
+        words.size)
 
 
 def _enter(group: Group, call: Call) -> Call:

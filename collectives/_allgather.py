@@ -9,11 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from . import _hierarchical, _native, _ring
-from ._agreement import Call, CarriedGather, agree
+from . import _hierarchical, _native, _ring, timeline
+from ._agreement import BYTES, Call, CarriedGather, CheckedCollective, agree, checked_collective
 from ._buffers import device_tensor, results_like
 from ._calls import collective_call, run_validated
 from ._checks import flat, input_array
+from ._compiled_exchange import ALLGATHER
 from ._executor import Handle
 from ._group import Group
 from ._memory import AWARE, HOST, HostMemory, goes_direct
@@ -125,6 +126,9 @@ class _AllgatherPlan:
         counts: the gathered words when every rank gives as many rows as this one.
         even_shape, even_sizes, even_choice: then, the result's shape, the bytes of each
             rank and ``auto``'s algorithm.
+        checked: where the rows do not ride and MPI's own allgather moves them, the
+            check (the row counts with it) and the allgather in one compiled call; or
+            None.
     """
 
     def __init__(self, array: Any, name: str | None, process_set: ProcessSet | None,
@@ -134,6 +138,7 @@ class _AllgatherPlan:
         self.group = group = resolve_group(process_set, "allgather", name)
         self.row_shape = row_shape = tuple(array.shape[1:])
         self.gather: CarriedGather | None = None
+        self.checked: CheckedCollective | None = None
         if on_device:
             self.layout, self.chosen = None, "native"
             self.call = Call(collective="allgather", name=name, dtype=array.dtype,
@@ -162,6 +167,9 @@ class _AllgatherPlan:
             self.even_sizes = [array.nbytes] * group.size
             self.even_choice = auto_choice("allgather", array.nbytes * group.size,
                                            group.size, settings, layout)
+            if not self.gather.carries_data and self.even_choice == "native":
+                self.checked = checked_collective(group, self.call, ALLGATHER, BYTES,
+                                                  array.nbytes, words=self.count)
 
 
 _PLANS: PlanCache[_AllgatherPlan] = PlanCache()
@@ -215,10 +223,18 @@ def _carried(plan: _AllgatherPlan, array: np.ndarray) -> np.ndarray:
     made the same choice: the rows have arrived, or they follow as the plan chose for
     their size; otherwise the ranks, all knowing every count now, gather the rows as
     ``auto`` chooses for their total size (the payloads, of different lengths, are not
-    used).
+    used). Where the plan has the compiled call (rows too large to ride, MPI's own
+    allgather moving them), the counts travel with the check and the rows follow in the
+    same call, unless some rank's count differs.
     """
     rows = array.reshape(1) if array.ndim == 0 else array
     mine = rows.reshape(-1).view(np.uint8)
+    if plan.checked is not None and timeline.ACTIVE is None:
+        output = HOST.new(rows, plan.even_shape)
+        counts = plan.checked.run(mine, output.reshape(-1).view(np.uint8))
+        if counts is None:
+            return output
+        return gather_rows(plan.group, rows, plan.row_shape, "auto", counts=counts[:, 0])[0]
     counts, slots = plan.gather.run(plan.count, mine)
     if counts.tolist() == plan.counts:
         if slots is not None:

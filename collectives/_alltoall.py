@@ -10,11 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from . import _native, _pairwise
-from ._agreement import Call, CarriedGather, agree
+from . import _native, _pairwise, timeline
+from ._agreement import BYTES, Call, CarriedGather, CheckedCollective, agree, \
+    checked_collective
 from ._buffers import device_tensor, results_like
 from ._calls import collective_call, run_validated
 from ._checks import check_splits, check_splittable, flat, input_array
+from ._compiled_exchange import ALLTOALL
 from ._executor import Handle
 from ._group import Group
 from ._memory import AWARE, HOST, goes_direct
@@ -80,6 +82,9 @@ class _AlltoallPlan:
         even_matrix: the matrix of splits when no rank gives any, as a list of lists.
         even_move: the data phase when every rank's splits are the even ones and the rows
             do not ride in the agreement (``recursive_doubling`` plans only).
+        checked: where the even splits send as many rows to every rank and MPI's own
+            alltoall moves them, the check (the splits with it) and the alltoall in one
+            compiled call; or None.
     """
 
     def __init__(self, array: Any, name: str | None, process_set: ProcessSet | None,
@@ -91,6 +96,7 @@ class _AlltoallPlan:
         row_shape = tuple(array.shape[1:])
         self.row_bytes = row_bytes = array.dtype.itemsize * math.prod(row_shape)
         self.gather: CarriedGather | None = None
+        self.checked: CheckedCollective | None = None
         self.even_splits = check_splits(None, array.shape[0], group.size, name)
         self.even_matrix = [self.even_splits.tolist()] * group.size
         if on_device:
@@ -113,6 +119,10 @@ class _AlltoallPlan:
             small = self.even_move.algorithm == "recursive_doubling"
             self.gather = CarriedGather(group, self.call, group.size,
                                         array.nbytes if small else 0)
+            if self.even_move.algorithm == "native" and len(set(self.even_move.sent)) == 1:
+                self.checked = checked_collective(group, self.call, ALLTOALL, BYTES,
+                                                  self.even_move.sent[0],
+                                                  words=self.even_splits)
 
 
 _PLANS: PlanCache[_AlltoallPlan] = PlanCache()
@@ -165,11 +175,22 @@ def _carried(plan: _AlltoallPlan, send: np.ndarray, send_splits: np.ndarray,
     When every rank sends the even splits (the usual case) every rank made the same
     choice: the rows have arrived, or they follow as the plan chose for their size;
     otherwise the ranks, all knowing the matrix now, move the rows as ``auto`` chooses
-    for their mean size (the payloads, of different lengths, are not used).
+    for their mean size (the payloads, of different lengths, are not used). Where the
+    plan has the compiled call (even splits sending as many rows to every rank, MPI's own
+    alltoall moving them), the splits travel with the check and the rows follow in the
+    same call, unless some rank's splits differ.
     """
     group, row_bytes = plan.group, plan.row_bytes
     size, rank, mine = group.size, group.rank, send.nbytes
-    matrix, slots = plan.gather.run(send_splits, send)
+    if plan.checked is not None and send_splits is plan.even_splits and \
+            timeline.ACTIVE is None:
+        output = HOST.new(array, (plan.even_move.rows, *array.shape[1:]))
+        matrix = plan.checked.run(send, output.reshape(-1).view(np.uint8))
+        if matrix is None:  # the even splits, every block of one size
+            return output, plan.even_splits.copy()
+        slots = None
+    else:
+        matrix, slots = plan.gather.run(send_splits, send)
     received_splits = matrix[:, rank].copy()
     rows = matrix.tolist()
     if slots is None and rows == plan.even_matrix:

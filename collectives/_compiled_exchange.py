@@ -13,9 +13,10 @@ so the stall inspector's thread runs while it waits.
 
 A small allreduce is one compiled call (:meth:`CompiledExchange.reduction`): it fills
 the message from the caller's array, exchanges, checks the signatures and writes the
-finished result. So is a larger allreduce, broadcast or reduce-scatter that the MPI
-library's own collective moves (:meth:`CompiledExchange.checked_collective`): the
-headers are exchanged and checked, then the collective is called.
+finished result. So is a larger allreduce, broadcast, reduce-scatter, allgather or
+alltoall that the MPI library's own collective moves
+(:meth:`CompiledExchange.checked_collective`): the headers (with a gather's row counts,
+an alltoall's splits) are exchanged and checked, then the collective is called.
 
 Payloads combine here by the operations numpy's ufuncs perform (``np.add``,
 ``np.minimum``, ``np.maximum``, ``np.multiply`` on the dtypes below, each dtype compiled
@@ -52,6 +53,7 @@ _BITWISE_OR = -1
 _DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int8, np.uint8, np.int16,
                                           np.int32, np.int64))
 _NO_PAYLOAD = np.empty(0, np.uint8)
+_NO_WORDS = np.empty(0, np.int64)
 
 # Words of the per-group state array (int64); an MPI_Status follows them.
 _SENDRECV, _SEND, _RECV, _YIELD, _FOLDED_INTO, _FOLDED_FROM, _SIGNATURE_BYTES, \
@@ -229,37 +231,66 @@ def _reduce_planned(plan, handles, fresh_header, factors, source, result) -> int
         plan[_CODE], fresh_header, factors, source, result)
 
 
-ALLREDUCE, BROADCAST, REDUCE_SCATTER = range(3)
+ALLREDUCE, BROADCAST, REDUCE_SCATTER, ALLGATHER, ALLTOALL = range(5)
 """The MPI collectives that :meth:`CompiledExchange.checked_collective` makes."""
-# Words of a checked collective's description (int64).
-_FUNCTION, _KIND, _COUNT, _ROOT, _IN_PLACE = range(5)
+UNEVEN = -2
+"""What :func:`_checked_collective` returns when every rank's signature was the same but
+the words of a gather or an alltoall differed (nothing moved; every rank's words are in
+the message's payload)."""
+# Words of a checked collective's description (int64); a gather's or an alltoall's
+# words follow.
+_FUNCTION, _KIND, _COUNT, _ROOT, _IN_PLACE, _RANK, _SIZE, _WIDTH, _WORDS = range(9)
 
 
 @numba.njit(cache=True, nogil=True)
 def _checked_collective(plan, handles, collective, fresh_header, send, receive) -> int:
-    """The check of the signatures (headers alone in the messages), then, where every
-    rank's was ours, the MPI library's own collective that ``collective`` describes from
-    ``send`` (``MPI_IN_PLACE`` when it is ``receive``) into ``receive``, with the datatype
-    and op of ``handles``: :data:`DIFFERENT`, 0, or the MPI call's error."""
+    """The check of the signatures, then, where every rank's was ours, the MPI library's
+    own collective that ``collective`` describes from ``send`` (``MPI_IN_PLACE`` when it
+    is ``receive``) into ``receive``, with the datatype and op of ``handles``:
+    :data:`DIFFERENT`, :data:`UNEVEN`, 0, or the MPI call's error.
+
+    The headers travel alone, except for a gather and an alltoall: every rank's words
+    then ride behind the header (at its rank's place, or'ed into zeros, as
+    :class:`._agreement.CarriedGather` sends them), and the collective is made only
+    where every rank's words are this rank's."""
     state = numba.carray(void_pointer(plan[_AT_STATE]), plan[_STATE_WORDS], np.int64)
     message = numba.carray(void_pointer(plan[_AT_MESSAGE]), plan[_MESSAGE_BYTES], np.uint8)
     arrived = numba.carray(void_pointer(plan[_AT_RECEIVE]), plan[_RECEIVE_BYTES], np.uint8)
-    copy_bytes(message.ctypes.data, fresh_header.ctypes.data, fresh_header.size)
+    header_bytes = fresh_header.size
+    copy_bytes(message.ctypes.data, fresh_header.ctypes.data, header_bytes)
+    kind, width = collective[_KIND], collective[_WIDTH]
+    words_count = collective[_SIZE] * width
+    words = numba.carray(void_pointer(message.ctypes.data + header_bytes), words_count,
+                         np.int64)
+    mine = collective[_WORDS:_WORDS + width]
+    for i in range(words_count):
+        words[i] = 0
+    for i in range(width):
+        words[collective[_RANK] * width + i] = mine[i]
+    payload = message[header_bytes:header_bytes + 8 * words_count]
     error = _exchange(
         state, handles[0], handles[1],
         numba.carray(void_pointer(plan[_AT_BOXES]), plan[_BOX_WORDS], np.int64),
         numba.carray(void_pointer(plan[_AT_COUNTERS]), plan[_COUNTER_WORDS], np.int64),
-        message, plan[_LENGTH], arrived, HEADERS_IF_DIFFERENT, 0, message[:0], arrived[:0])
+        message, header_bytes + 8 * words_count, arrived,
+        PAYLOADS if words_count else HEADERS_IF_DIFFERENT, _BITWISE_OR, payload,
+        arrived[header_bytes:header_bytes + 8 * words_count])
     if error != 0:
         return error
     for i in range(state[_SIGNATURE_BYTES]):
         if message[i] != fresh_header[i]:
             return DIFFERENT
-    function, kind = collective[_FUNCTION], collective[_KIND]
-    count, comm, datatype, op = np.int32(collective[_COUNT]), handles[0], handles[2], handles[3]
+    for i in range(words_count):
+        if words[i] != mine[i % width]:
+            return UNEVEN
+    function, count = collective[_FUNCTION], np.int32(collective[_COUNT])
+    comm, datatype, op = handles[0], handles[2], handles[3]
     target = receive.ctypes.data
     if kind == BROADCAST:
         return call_c(function, (target, count, datatype, np.int32(collective[_ROOT]), comm))
+    if kind == ALLGATHER or kind == ALLTOALL:
+        return call_c(function, (send.ctypes.data, count, datatype, target, count, datatype,
+                                 comm))
     # Two calls: one variable holding either address reached MPI as the wrong argument
     # (numba 0.68).
     if send.ctypes.data == target:
@@ -288,6 +319,7 @@ class CompiledExchange:
         self._byte = functions.handle(MPI.BYTE)
         self._functions = functions
         self._header_bytes = header_bytes
+        self._rank, self._size = group.rank, group.size
 
     def run(self, message: np.ndarray, length: int, receive: np.ndarray, mode: int,
             code: int = 0, mine: np.ndarray = _NO_PAYLOAD,
@@ -327,7 +359,7 @@ class CompiledExchange:
 
     def checked_collective(self, message: np.ndarray, receive: np.ndarray, kind: int,
                            count: int, datatype: MPI.Datatype, op: MPI.Op = MPI.OP_NULL,
-                           root: int = 0
+                           root: int = 0, words: np.ndarray = _NO_WORDS
                            ) -> Callable[[np.ndarray, np.ndarray, np.ndarray], int]:
         """An MPI collective checked by the agreement in the same compiled call, bound
         to the agreement's messages: ``run(fresh_header, send, receive)`` exchanges the
@@ -337,14 +369,23 @@ class CompiledExchange:
         ``root`` in ``receive``) from array ``send`` (in place when it is ``receive``)
         into array ``receive``, returning 0 or the MPI call's error code;
         :data:`DIFFERENT` (nothing moved) when some rank's signature differed. A
-        reduce-scatter gives every rank ``count`` elements. The datatype and op must be
+        reduce-scatter gives every rank ``count`` elements, an allgather takes
+        ``count`` from each and an alltoall sends ``count`` to each.
+
+        An allgather's or alltoall's ``words`` (int64: its row count, its splits) ride
+        behind the header, every rank's at its place, combined by bitwise or (mode
+        :data:`PAYLOADS`, as :class:`._agreement.CarriedGather` sends them); where
+        some rank's differ from this rank's the call returns :data:`UNEVEN`, nothing
+        moved, every rank's words in the message's payload. The datatype and op must be
         the MPI library's own (a user-defined op would call Python without the GIL)."""
         functions = self._functions
         address = {ALLREDUCE: functions.allreduce, BROADCAST: functions.bcast,
-                   REDUCE_SCATTER: functions.reduce_scatter_block}[kind]
+                   REDUCE_SCATTER: functions.reduce_scatter_block,
+                   ALLGATHER: functions.allgather, ALLTOALL: functions.alltoall}[kind]
         handles = np.array([self._comm, self._byte, functions.handle(datatype),
                             functions.handle(op)], self._comm.dtype)
-        collective = np.array([address, kind, count, root, int(MPI.IN_PLACE)], np.int64)
+        collective = np.array([address, kind, count, root, int(MPI.IN_PLACE), self._rank,
+                               self._size, words.size, *words.tolist()], np.int64)
         return functools.partial(_checked_collective,
                                  self._plan(message, self._header_bytes, receive, 0), handles,
                                  collective)

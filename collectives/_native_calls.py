@@ -79,7 +79,8 @@ class MpiFunctions:
 
     Attributes:
         sendrecv, send, recv, isend, irecv, testall, iprobe, improbe, mrecv, get_count,
-        allreduce, bcast, reduce_scatter_block: ``MPI_Sendrecv``, ``MPI_Send``, and so on.
+        allreduce, bcast, reduce_scatter_block, allgather, alltoall: ``MPI_Sendrecv``,
+            ``MPI_Send``, and so on.
         handle_dtype: the C type of the library's handles (``int`` in MPICH, a pointer
             in Open MPI), as which handles are passed.
         status_bytes: the size of an ``MPI_Status``.
@@ -98,6 +99,8 @@ class MpiFunctions:
     allreduce: int
     bcast: int
     reduce_scatter_block: int
+    allgather: int
+    alltoall: int
     handle_dtype: np.dtype
     status_bytes: int
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 import ringtrain as rt
+from ringtrain.collectives._allgather import _AllgatherPlan
+from ringtrain.collectives._alltoall import _AlltoallPlan
 from _harness import (COPY_DTYPES, OPS, REDUCE_DTYPES, WORLD, assert_equal_arrays,
                       assert_reduced, check, configured, expect_raises, main, make_input,
                       reduce_reference)
@@ -273,6 +275,51 @@ for _algorithm in ALLTOALL_ALGORITHMS:
         lambda a=_algorithm: alltoall_matrix(a))
     check(name=f"alltoall splits types, non-contiguous, async, algorithm={_algorithm}")(
         lambda a=_algorithm: alltoall_special(a))
+
+
+@check()
+def large_allgathers_and_alltoalls_check_and_move_in_one_compiled_call():
+    """Rows too large to ride in the agreement, moved by MPI's own allgather or alltoall
+    (``auto`` on one node): on more than one rank the check, the row counts or splits
+    with it, and the collective are one compiled call, for every dtype; row counts that
+    differ there take the general path; a rank whose call differs gets a MismatchError
+    on every rank, nothing moved."""
+    k, me = rt.size(), rt.rank()
+    for dtype in COPY_DTYPES:
+        rows = 50000  # 150 000 elements of 1 byte or more a rank: too many for the messages
+        inputs = [make_input(r, (rows, 3), dtype, None, "agc") for r in range(k)]
+        plan = _AllgatherPlan(inputs[me], "compiled", None, None, False)
+        assert (plan.checked is not None) == (k > 1), f"allgather {dtype.name}: compiled call?"
+        assert_equal_arrays(rt.allgather(inputs[me], name="compiled"),
+                            np.concatenate(inputs), f"allgather in one call, {dtype.name}")
+        uneven = [make_input(r, (rows + r, 3), dtype, None, "agu") for r in range(k)]
+        assert_equal_arrays(rt.allgather(uneven[me], name="compiled"),
+                            np.concatenate(uneven), f"allgather of uneven rows, {dtype.name}")
+        for blocks, per_block in (("even", 20000), ("as even as can be", 20000.5)):
+            rows = int(per_block * k)
+            inputs = [make_input(r, (rows, 2), dtype, None, "a2ac") for r in range(k)]
+            plan = _AlltoallPlan(inputs[me], "compiled", None, None, False)
+            one_call = k > 1 and rows % k == 0
+            assert (plan.checked is not None) == one_call, \
+                f"alltoall {dtype.name}, {blocks} blocks: compiled call?"
+            expected, expected_splits = alltoall_expected(
+                inputs, lambda r: default_splits(rows, k), me)
+            # the even splits given by the last rank: the Python path, the same messages
+            for given in (None, default_splits(rows, k) if me == k - 1 else None):
+                received, received_splits = rt.alltoall(inputs[me], given, name="compiled")
+                what = f"alltoall of {blocks} blocks, {dtype.name}, splits given {given}"
+                assert_equal_arrays(received, expected, what)
+                assert_equal_arrays(received_splits, expected_splits,
+                                    what + " received_splits")
+    if k > 1:
+        rows = np.zeros((50000, 3), np.float32 if me == 0 else np.float64)
+        expect_raises(rt.MismatchError, rt.allgather, rows, name="differs",
+                      match=["allgather", "'differs'", "dtype"])
+        expect_raises(rt.MismatchError, rt.alltoall, np.zeros((20000 * k, 2), rows.dtype),
+                      name="differs", match=["alltoall", "'differs'", "dtype"])
+        assert_equal_arrays(rt.allgather(np.full((50000, 3), me, np.int32), name="after"),
+                            np.repeat(np.arange(k, dtype=np.int32), 50000)[:, None]
+                            .repeat(3, axis=1), "an allgather after the mismatches")
 
 
 if __name__ == "__main__":
