@@ -452,7 +452,8 @@ def combined_in_rank_order(inputs: list[np.ndarray], op) -> np.ndarray:
 def compiled_and_python_exchanges_agree_with_numpy():
     """Small allreduces ride in the agreement's exchange: the compiled one, the Python
     one, and ranks mixing the two all give numpy's values (NaN where numpy has NaN, the
-    same infinities, integers wrapped as numpy wraps them), bit-identical on every rank."""
+    same infinities, integers wrapped as numpy wraps them), bit-identical on every rank;
+    gathers and alltoalls, small and large, arrive whole either way."""
     k, me = rt.size(), rt.rank()
     digests = Digests()
     for form, python_here in [("compiled", False), ("python", True),
@@ -474,6 +475,16 @@ def compiled_and_python_exchanges_agree_with_numpy():
                     digests.add(what, got)
             gathered = rt.allgather(np.full(3, me, np.int16), name=f"gathered {form}")
             assert np.array_equal(gathered, np.repeat(np.arange(k, dtype=np.int16), 3))
+            # rows too large to ride: MPI's own allgather and alltoall, in the compiled
+            # call where it runs, after the check and mpi4py's call where it does not
+            gathered = rt.allgather(np.full((50000, 3), me, np.int16), name=f"rows {form}")
+            assert np.array_equal(gathered, np.repeat(np.arange(k, dtype=np.int16),
+                                                      50000)[:, None].repeat(3, axis=1))
+            received, splits = rt.alltoall(np.full((20000 * k, 2), me, np.int32),
+                                           name=f"blocks {form}")
+            assert np.array_equal(received, np.repeat(np.arange(k, dtype=np.int32),
+                                                      20000)[:, None].repeat(2, axis=1))
+            assert splits.tolist() == [20000] * k
             sent = rt.broadcast(np.arange(5.0) + me, k - 1, name=f"broadcast {form}")
             assert np.array_equal(sent, np.arange(5.0) + k - 1)
             if k > 1:
