@@ -187,8 +187,8 @@ def main() -> None:
               f"{arguments.width}): {parameters / 1e6:.1f} M float32 parameters "
               f"({parameters * 4 / 1e6:.0f} MB), Adam, batch {arguments.batch} per rank, "
               f"torch {torch.__version__}")
-        print(f"| configuration | state MB | peak MB | step ms | state ratio | peak ratio | "
-              f"step ratio |")
+        print("| configuration | state MB | peak MB | step ms | state ratio | peak ratio | "
+              "step ratio |")
         print("|---|---:|---:|---:|---:|---:|---:|")
         base = results.get("plain")
         for config, result in results.items():
