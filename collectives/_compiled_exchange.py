@@ -239,7 +239,7 @@ the words of a gather or an alltoall differed (nothing moved; every rank's words
 the message's payload)."""
 # Words of a checked collective's description (int64); a gather's or an alltoall's
 # words follow.
-_FUNCTION, _KIND, _COUNT, _ROOT, _IN_PLACE, _RANK, _SIZE, _WIDTH, _WORDS = range(9)
+_FUNCTION, _KIND, _COUNT, _ROOT, _IN_PLACE, _RANK, _WIDTH, _WORDS = range(8)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -256,10 +256,10 @@ def _checked_collective(plan, handles, collective, fresh_header, send, receive) 
     state = numba.carray(void_pointer(plan[_AT_STATE]), plan[_STATE_WORDS], np.int64)
     message = numba.carray(void_pointer(plan[_AT_MESSAGE]), plan[_MESSAGE_BYTES], np.uint8)
     arrived = numba.carray(void_pointer(plan[_AT_RECEIVE]), plan[_RECEIVE_BYTES], np.uint8)
-    header_bytes = fresh_header.size
+    header_bytes, length = fresh_header.size, plan[_LENGTH]
     copy_bytes(message.ctypes.data, fresh_header.ctypes.data, header_bytes)
     kind, width = collective[_KIND], collective[_WIDTH]
-    words_count = collective[_SIZE] * width
+    words_count = (length - header_bytes) // 8
     words = numba.carray(void_pointer(message.ctypes.data + header_bytes), words_count,
                          np.int64)
     mine = collective[_WORDS:_WORDS + width]
@@ -267,14 +267,12 @@ def _checked_collective(plan, handles, collective, fresh_header, send, receive) 
         words[i] = 0
     for i in range(width):
         words[collective[_RANK] * width + i] = mine[i]
-    payload = message[header_bytes:header_bytes + 8 * words_count]
     error = _exchange(
         state, handles[0], handles[1],
         numba.carray(void_pointer(plan[_AT_BOXES]), plan[_BOX_WORDS], np.int64),
         numba.carray(void_pointer(plan[_AT_COUNTERS]), plan[_COUNTER_WORDS], np.int64),
-        message, header_bytes + 8 * words_count, arrived,
-        PAYLOADS if words_count else HEADERS_IF_DIFFERENT, _BITWISE_OR, payload,
-        arrived[header_bytes:header_bytes + 8 * words_count])
+        message, length, arrived, PAYLOADS if words_count else HEADERS_IF_DIFFERENT,
+        _BITWISE_OR, message[header_bytes:length], arrived[header_bytes:length])
     if error != 0:
         return error
     for i in range(state[_SIGNATURE_BYTES]):
@@ -385,10 +383,10 @@ class CompiledExchange:
         handles = np.array([self._comm, self._byte, functions.handle(datatype),
                             functions.handle(op)], self._comm.dtype)
         collective = np.array([address, kind, count, root, int(MPI.IN_PLACE), self._rank,
-                               self._size, words.size, *words.tolist()], np.int64)
-        return functools.partial(_checked_collective,
-                                 self._plan(message, self._header_bytes, receive, 0), handles,
-                                 collective)
+                               words.size, *words.tolist()], np.int64)
+        length = self._header_bytes + 8 * self._size * words.size
+        return functools.partial(_checked_collective, self._plan(message, length, receive, 0),
+                                 handles, collective)
 
     def _plan(self, message: np.ndarray, length: int, receive: np.ndarray,
               code: int) -> np.ndarray:

@@ -45,10 +45,10 @@ class _Block:
 
     __slots__ = ("memory", "nbytes", "handed_out")
 
-    def __init__(self, nbytes: int, handed_out: int):
+    def __init__(self, nbytes: int):
         self.memory = np.empty(nbytes, np.uint8)
         self.nbytes = nbytes
-        self.handed_out = handed_out
+        self.handed_out = 0
 
     def is_free(self) -> bool:
         """Whether no array but the pool's own uses the block."""
@@ -77,12 +77,7 @@ class ResultPool:
             return np.empty(shape, dtype)
         with self._lock:
             self._handed_out += 1
-            blocks = self._blocks.get(-(-nbytes // _BLOCK_GRAIN) * _BLOCK_GRAIN)
-            if blocks and blocks[0].is_free():  # the usual case: a result of this size
-                block = blocks.pop(0)            # was dropped
-                blocks.append(block)
-            else:
-                block = self._free_block(nbytes) or self._new_block(nbytes)
+            block = self._free_block(nbytes) or self._new_block(nbytes)
             block.handed_out = self._handed_out
             return np.ndarray(shape, dtype, block.memory)
 
@@ -113,7 +108,7 @@ class ResultPool:
             free_bytes -= block.nbytes
             self._forget(block)
         size = -(-nbytes // _BLOCK_GRAIN) * _BLOCK_GRAIN
-        block = _Block(size, self._handed_out)
+        block = _Block(size)
         if size not in self._blocks:
             bisect.insort(self._sizes, size)
         self._blocks.setdefault(size, []).append(block)
