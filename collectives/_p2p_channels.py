@@ -18,6 +18,7 @@ Collectives keep the group's own communicator; so the whole tag range (0 to MPI'
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from mpi4py import MPI
@@ -32,6 +33,11 @@ class Channels:
         messages: headers (and small messages' data), tagged by the user's tag.
         transfers: replies and large messages' data, tagged by sequence number.
         tag_limit: the largest tag a user may give (MPI's ``TAG_UB``).
+        sequences: how many sequence numbers there are.
+        sent: a count of the messages sent to each group rank; a message's sequence
+            number is its place in that count modulo ``sequences`` (``next`` on a count
+            is one step under the GIL: threads sending to the same rank at once never
+            take the same number).
         compiled: the compiled steps over these communicators, once built
             (:func:`._p2p_compiled.compiled_messages`).
     """
@@ -44,14 +50,12 @@ class Channels:
         self.messages.Set_name("ringtrain point-to-point")
         self.transfers.Set_name("ringtrain point-to-point data")
         self.tag_limit = int(comm.Get_attr(MPI.TAG_UB))
-        self._sequences = (self.tag_limit - 1) // 2
-        self._sent: dict[int, int] = {}
+        self.sequences = (self.tag_limit - 1) // 2
+        self.sent = [itertools.count() for _ in range(comm.Get_size())]
 
     def next_sequence(self, destination: int) -> int:
         """The sequence number of the next message to ``destination`` (a group rank)."""
-        sequence = self._sent.get(destination, 0)
-        self._sent[destination] = (sequence + 1) % self._sequences
-        return sequence
+        return next(self.sent[destination]) % self.sequences
 
     def free(self) -> None:
         """Release both communicators (collective over the group)."""

@@ -270,19 +270,22 @@ def _receive_steps(work, handles, expected, target, peer: int, tag: int,
 
 
 @numba.njit(cache=True, nogil=True)
-def _send_planned(handles, words, work, data, sequence: int) -> int:
-    """:func:`_send_steps` with the arguments a plan keeps in ``words`` (the template's
-    address and bytes, inline, peer, tag, polls): fewer for the dispatcher to check at
-    every call."""
+def _send_planned(handles, words, work, data, count: int) -> int:
+    """:func:`_send_steps` of a new send, the ``count``-th to its peer, with the
+    arguments a plan keeps in ``words`` (the template's address and bytes, inline,
+    peer, tag, polls, the number of sequence numbers): fewer for the dispatcher to
+    check at every call."""
+    work[:_HEADER_BYTES].view(np.int64)[_PHASE] = 0
     template = numba.carray(void_pointer(words[0]), words[1], np.uint8)
     return _send_steps(work, handles, template, data, words[2] != 0, words[3], words[4],
-                       sequence, words[5])
+                       count % words[6], words[5])
 
 
 @numba.njit(cache=True, nogil=True)
 def _receive_planned(handles, words, work, target) -> int:
-    """:func:`_receive_steps` with the arguments a plan keeps in ``words`` (the expected
-    header's address and bytes, peer, tag, polls)."""
+    """:func:`_receive_steps` of a new receive, with the arguments a plan keeps in
+    ``words`` (the expected header's address and bytes, peer, tag, polls)."""
+    work[:_HEADER_BYTES].view(np.int64)[_PHASE] = 0
     expected = numba.carray(void_pointer(words[0]), words[1], np.uint8)
     return _receive_steps(work, handles, expected, target, words[2], words[3], words[4])
 
@@ -317,15 +320,20 @@ class CompiledMessages:
 
     def begin(self) -> np.ndarray:
         """This thread's work buffer, set for a new call."""
+        work = self.work()
+        work[:_HEADER_BYTES].view(np.int64)[_PHASE] = 0
+        return work
+
+    def work(self) -> np.ndarray:
+        """This thread's work buffer as the last call left it (a planned call sets it
+        for a new call itself)."""
         try:
-            work, state = self._local.buffers
+            return self._local.work
         except AttributeError:
             work = np.zeros(_HEADER_BYTES + AREA_BYTES, np.uint8)
-            state = work[:_HEADER_BYTES].view(np.int64)
-            state[:] = self._first_words
-            self._local.buffers = work, state
-        state[_PHASE] = 0
-        return work
+            work[:_HEADER_BYTES].view(np.int64)[:] = self._first_words
+            self._local.work = work
+            return work
 
     def send_steps(self, work: np.ndarray, template: np.ndarray, data: np.ndarray,
                    inline: bool, peer: int, tag: int, sequence: int) -> int:
@@ -351,17 +359,21 @@ class CompiledMessages:
                                        POLLS))
 
     def planned_send(self, template: np.ndarray, inline: bool, peer: int, tag: int,
-                     polls: int) -> Callable[[np.ndarray, np.ndarray, int], int]:
-        """:meth:`send_steps` with all but the work buffer, the data and the sequence
-        number bound, as a kept plan calls them (:mod:`._p2p_plans`); the call returns
-        the code, or minus an MPI error (not raised)."""
+                     polls: int, sequences: int) -> Callable[[np.ndarray, np.ndarray, int], int]:
+        """:meth:`send_steps` with all but the work buffer, the data and the message's
+        count bound (its sequence number is the count modulo ``sequences``:
+        :attr:`._p2p_channels.Channels.sent`), as a kept plan calls them
+        (:mod:`._p2p_plans`), for a new send in :meth:`work`; the call returns the code,
+        or minus an MPI error (not raised)."""
         return _bound(_send_planned, self._handles,
-                      [template.ctypes.data, template.size, inline, peer, tag, polls], template)
+                      [template.ctypes.data, template.size, inline, peer, tag, polls,
+                       sequences], template)
 
     def planned_receive(self, expected: np.ndarray, peer: int, tag: int,
                         polls: int) -> Callable[[np.ndarray, np.ndarray], int]:
-        """:meth:`receive_steps` with all but the work buffer and the target bound; the
-        call returns the code, or minus an MPI error (not raised)."""
+        """:meth:`receive_steps` with all but the work buffer and the target bound, for
+        a new receive in :meth:`work`; the call returns the code, or minus an MPI error
+        (not raised)."""
         return _bound(_receive_planned, self._handles,
                       [expected.ctypes.data, expected.size, peer, tag, polls], expected)
 

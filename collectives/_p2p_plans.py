@@ -41,14 +41,20 @@ class SendPlan:
         name: the tensor's name, or None.
     """
 
-    __slots__ = ("group", "settings", "route", "name", "_steps", "_send")
+    __slots__ = ("group", "settings", "route", "name", "_steps", "_send", "_work", "_sent")
 
     def __init__(self, group: Group, settings: Settings, route: Route, name: str | None,
                  array: np.ndarray):
         self.group, self.settings, self.route, self.name = group, settings, route, name
         self._steps = steps = compiled_send(route[0], array.dtype, array.shape, name)
-        self._send = None if steps is None else steps.compiled.planned_send(
-            steps.template, steps.inline, route[1], route[4], _first_polls())
+        if steps is not None:
+            self._send = steps.compiled.planned_send(
+                steps.template, steps.inline, route[1], route[4], _first_polls(),
+                route[0].sequences)
+            self._work = steps.compiled.work
+            self._sent = route[0].sent[route[1]]
+        else:
+            self._send = None
 
     def run(self, array: np.ndarray) -> None:
         """Send C-contiguous ``array`` (of the plan's shape and dtype).
@@ -60,15 +66,15 @@ class SendPlan:
         if self._send is None or not ENGINE.moves_alone():
             ENGINE.complete(self._operation(array))
             return
-        work = self._steps.compiled.begin()
-        sequence = self.route[0].next_sequence(self.route[1])
-        code = self._send(work, np.frombuffer(array, _BYTE), sequence)
+        work = self._work()
+        count = next(self._sent)
+        code = self._send(work, np.frombuffer(array, _BYTE), count)
         if code < 0:
             raise communication_error("send", self.name, "to", self.route[2], self.route[4],
                                       MPI.Exception(-code))
         if code != DONE:
             operation = self._operation(array)
-            operation.resume(self._steps, sequence, work, code)
+            operation.resume(self._steps, count % self.route[0].sequences, work, code)
             ENGINE.wait_alone(operation)
 
     def _operation(self, array: np.ndarray) -> SendOperation:
@@ -84,15 +90,20 @@ class ReceivePlan:
         name: the name the sender must have given, or None (any).
     """
 
-    __slots__ = ("group", "settings", "route", "name", "_expectation", "_steps", "_receive")
+    __slots__ = ("group", "settings", "route", "name", "_expectation", "_steps", "_receive",
+                 "_work")
 
     def __init__(self, group: Group, settings: Settings, route: Route, name: str | None,
                  array: np.ndarray):
         self.group, self.settings, self.route, self.name = group, settings, route, name
         self._expectation = Expectation(array.shape, array.dtype, name)
         self._steps = steps = compiled_receive(route[0], self._expectation)
-        self._receive = None if steps is None else steps.compiled.planned_receive(
-            steps.expected, route[1], route[4], _first_polls())
+        if steps is not None:
+            self._receive = steps.compiled.planned_receive(
+                steps.expected, route[1], route[4], _first_polls())
+            self._work = steps.compiled.work
+        else:
+            self._receive = None
 
     def run(self, array: np.ndarray) -> np.ndarray:
         """Receive into C-contiguous, writable ``array`` (of the plan's shape and
@@ -105,7 +116,7 @@ class ReceivePlan:
         """
         if self._receive is None or not ENGINE.moves_alone():
             return ENGINE.complete(self._operation(array))
-        work = self._steps.compiled.begin()
+        work = self._work()
         code = self._receive(work, np.frombuffer(array, _BYTE))
         if code < 0:
             raise communication_error("recv", self.name, "from", self.route[2],

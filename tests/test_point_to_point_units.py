@@ -3,6 +3,8 @@ steps), without MPI."""
 
 from __future__ import annotations
 
+import sys
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 from mpi4py import MPI
 
 from ringtrain.collectives._ops import COPY_DTYPES
+from ringtrain.collectives._p2p_channels import Channels
 from ringtrain.collectives._p2p_compiled import AREA_BYTES, _header_matches, \
     compiled_messages, fits
 from ringtrain.collectives._p2p_header import Expectation, Header, encode_header, \
@@ -110,3 +113,41 @@ def test_turned_off_blocking_messages_take_the_python_steps(monkeypatch):
     assert compiled_messages(channels) is channels.compiled is not None
     assert fits(AREA_BYTES, 2 ** 31 - 2) and not fits(AREA_BYTES + 1, 0)
     assert not fits(0, 2 ** 31)
+
+
+class _OneRankComm:
+    """What :class:`Channels` asks of a communicator, for one rank and without MPI."""
+
+    def Dup(self) -> _OneRankComm:
+        return self
+
+    def Set_name(self, name: str) -> None:
+        pass
+
+    def Get_attr(self, key: int) -> int:
+        return 2 ** 31 - 1
+
+    def Get_size(self) -> int:
+        return 1
+
+
+def test_threads_sending_to_one_rank_never_share_a_sequence_number():
+    channels = Channels(_OneRankComm())
+    drawn: list[list[int]] = [[] for _ in range(8)]
+
+    def draw(into: list[int]) -> None:
+        for _ in range(20000):
+            into.append(channels.next_sequence(0))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two steps
+    try:
+        threads = [threading.Thread(target=draw, args=(into,)) for into in drawn]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    numbers = [number for into in drawn for number in into]
+    assert sorted(numbers) == list(range(len(numbers)))
