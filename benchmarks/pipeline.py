@@ -12,7 +12,9 @@ interleaved round by round. Each
 row: the median over ``--rounds`` rounds of the one-way time (half a round trip, averaged
 over the round's repeats), the bandwidth, and ringtrain's time over mpi4py's. Then the
 same ping-pong of torch CPU tensors against numpy arrays over the same memory, at a few
-sizes.
+sizes; and of the asynchronous forms, each completed by ``rt.synchronize`` at once,
+against the blocking ones: ``isend`` with ``irecv`` into an array, and with
+``irecv(None)`` (a new array of the sender's shape, as the pipeline trainer receives).
 
 **Pipeline** (every rank a stage): an MLP of ``--layers`` Linear(width, width) + ReLU
 layers split evenly, a batch of ``--batch`` rows, SGD; for 1, 2, 4 and 8 micro-batches
@@ -108,6 +110,7 @@ def point_to_point(args: argparse.Namespace) -> None:
                       f"{ours_s / theirs_s:>6.2f}", flush=True)
             nbytes *= 2
         torch_tensors(args, peer, first)
+        asynchronous_forms(args, peer, first)
     comm.Free()
     rt.barrier()
 
@@ -131,6 +134,30 @@ def torch_tensors(args: argparse.Namespace, peer: int, first: bool) -> None:
         if rt.rank() == 0:
             print(f"{nbytes:>10} {numpy_s * 1e6:>9.1f} {torch_s * 1e6:>9.1f} "
                   f"{torch_s / numpy_s:>6.2f}", flush=True)
+
+
+def asynchronous_forms(args: argparse.Namespace, peer: int, first: bool) -> None:
+    """isend/irecv completed by synchronize at once against send/recv, numpy arrays,
+    interleaved round by round."""
+    if rt.rank() == 0:
+        print(f"\nasynchronous forms, ranks 0 and 1 (one-way time, median of {args.rounds} "
+              f"rounds)\n{'bytes':>10} {'send/recv us':>13} {'isend/irecv us':>15} "
+              f"{'irecv(None) us':>15} {'ratios':>11}")
+    for nbytes in TORCH_BYTES:
+        data = np.ones(nbytes // 4, np.float32)
+        into = np.empty_like(data)
+        blocking_s, into_s, new_s = interleaved_medians({
+            "blocking": (lambda p: rt.send(data, p, name="x"),
+                         lambda p: rt.recv(into, p, name="x")),
+            "into": (lambda p: rt.synchronize(rt.isend(data, p, name="x")),
+                     lambda p: rt.synchronize(rt.irecv(into, p, name="x"))),
+            "new": (lambda p: rt.synchronize(rt.isend(data, p, name="x")),
+                    lambda p: rt.synchronize(rt.irecv(None, p, name="x"))),
+        }, args.rounds, peer, first, nbytes)
+        if rt.rank() == 0:
+            print(f"{nbytes:>10} {blocking_s * 1e6:>13.1f} {into_s * 1e6:>15.1f} "
+                  f"{new_s * 1e6:>15.1f} {into_s / blocking_s:>5.2f} "
+                  f"{new_s / blocking_s:>5.2f}", flush=True)
 
 
 # ------------------------------------------------------------------ the pipeline
