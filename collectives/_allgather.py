@@ -232,16 +232,16 @@ def _carried(plan: _AllgatherPlan, array: np.ndarray) -> np.ndarray:
     if plan.checked is not None and timeline.ACTIVE is None:
         output = HOST.new(rows, plan.even_shape)
         counts = plan.checked.run(mine, output.reshape(-1).view(np.uint8))
-        if counts is None:
+        if counts is None:  # every count the same: the rows have arrived
             return output
-        return gather_rows(plan.group, rows, plan.row_shape, "auto", counts=counts[:, 0])[0]
-    counts, slots = plan.gather.run(plan.count, mine)
-    if counts.tolist() == plan.counts:
-        if slots is not None:
-            return slots.view(rows.dtype).reshape(plan.even_shape)
-        if plan.even_choice == "native":
-            output = HOST.new(rows, plan.even_shape)
-            _native.allgather(plan.group, mine, output.reshape(-1).view(np.uint8),
-                              plan.even_sizes)
-            return output
+    else:
+        counts, slots = plan.gather.run(plan.count, mine)
+        if counts.tolist() == plan.counts:
+            if slots is not None:
+                return slots.view(rows.dtype).reshape(plan.even_shape)
+            if plan.even_choice == "native":
+                output = HOST.new(rows, plan.even_shape)
+                _native.allgather(plan.group, mine, output.reshape(-1).view(np.uint8),
+                                  plan.even_sizes)
+                return output
     return gather_rows(plan.group, rows, plan.row_shape, "auto", counts=counts[:, 0])[0]
