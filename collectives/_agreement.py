@@ -66,7 +66,8 @@ from . import _name_matching, _recursive_doubling, timeline
 from ._activity import ACTIVITY
 from ._compiled_exchange import (DIFFERENT, HEADERS, HEADERS_IF_DIFFERENT, PAYLOADS, UNEVEN,
                                  CompiledExchange, compiled_exchange, payload_code)
-from ._data_phase import Finisher
+from ._compiled_ring import checked_ring as compiled_ring
+from ._finishing import Finisher
 from ._tracing import phase
 from ._executor import MAIN_THREAD, TURN
 from ._group import Group
@@ -483,6 +484,20 @@ def checked_collective(group: Group, call: Call, kind: int, dtype: np.dtype, cou
     return CheckedCollective(group, call, buffers, buffers.compiled.checked_collective(
         buffers.message, buffers.receive, kind, count, datatype, op, root, words),
         words.size)
+
+
+def checked_ring(group: Group, call: Call, dtype: np.dtype, count: int, combine: Callable,
+                 finish: Finisher | None, segment_bytes: int) -> CheckedCollective | None:
+    """The ring allreduce (:mod:`._compiled_ring`) of ``count`` elements of ``dtype``
+    combined as numpy's ``combine`` does, then ``finish``ed, checked in one compiled
+    call; or None where it cannot be: no compiled exchange, values it does not combine,
+    chunks too large, or a group of one rank."""
+    buffers = _buffers_of(group)
+    if buffers.compiled is None or group.size == 1:
+        return None
+    run = compiled_ring(buffers.compiled, buffers.message, buffers.receive, HEADER_BYTES,
+                        group, dtype, count, combine, finish, segment_bytes)
+    return None if run is None else CheckedCollective(group, call, buffers, run, 0)
 
 
 def _enter(group: Group, call: Call) -> Call:

@@ -12,7 +12,8 @@ from typing import Any
 from ..kernels import Compressor, FusionLayout, abs_max, pack, reducer, unpack
 from . import timeline
 from ._agreement import ValueRange, agree
-from ._data_phase import finisher, hierarchical_wire, reduce_hierarchical
+from ._data_phase import hierarchical_wire, reduce_hierarchical
+from ._finishing import finisher
 from ._group import Group
 from ._memory import HOST, HostMemory
 from ._placement import memory_for
@@ -49,8 +50,8 @@ def reduce_planned(plan: AllreducePlan, collective: str, name: str | None, sourc
                           value_range, plan.settings.segment_bytes, name, plan.wire)
     elif plan.checked is not None and prescale_factor == 1.0 and timeline.ACTIVE is None:
         plan.checked.run(source, result)
-        if plan.finish is not None:
-            plan.finish(result)
+        if plan.finish_checked is not None:
+            plan.finish_checked(result)
     else:
         agree(plan.group, plan.call)
         start = memory.scaled(source, prescale_factor, result)

@@ -69,7 +69,9 @@ def payload_code(dtype: np.dtype, combine: Callable) -> int | None:
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _pick(op: int, a, b):
+def pick(op: int, a, b):
+    """``a`` and ``b`` combined by payload code ``op`` (0 add, 1 minimum, 2 maximum,
+    3 multiply; see the module's note on minimum and maximum)."""
     if op == 0:
         return a + b
     if op == 3:
@@ -95,7 +97,7 @@ def _combine(op: int, mine, received) -> None:
             mine_bytes[i] |= received_bytes[i]
         return
     for i in range(mine.size):
-        mine[i] = _pick(op, mine[i], received[i])
+        mine[i] = pick(op, mine[i], received[i])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -243,6 +245,32 @@ _FUNCTION, _KIND, _COUNT, _ROOT, _IN_PLACE, _RANK, _WIDTH, _WORDS = range(8)
 
 
 @numba.njit(cache=True, nogil=True)
+def agreed(plan, handles, fresh_header, mode: int) -> int:
+    """The agreement's check in compiled code: ``fresh_header`` (uint8) written into the
+    message of ``plan`` (a reduction's plan, see :meth:`CompiledExchange.checked`),
+    whatever follows it there already written, and the message's length exchanged,
+    combined by ``mode`` (what follows the header by bitwise or); 0 where every rank's
+    signature was ours, else :data:`DIFFERENT` or the MPI call's error."""
+    state = numba.carray(void_pointer(plan[_AT_STATE]), plan[_STATE_WORDS], np.int64)
+    message = numba.carray(void_pointer(plan[_AT_MESSAGE]), plan[_MESSAGE_BYTES], np.uint8)
+    arrived = numba.carray(void_pointer(plan[_AT_RECEIVE]), plan[_RECEIVE_BYTES], np.uint8)
+    header_bytes, length = fresh_header.size, plan[_LENGTH]
+    copy_bytes(message.ctypes.data, fresh_header.ctypes.data, header_bytes)
+    error = _exchange(
+        state, handles[0], handles[1],
+        numba.carray(void_pointer(plan[_AT_BOXES]), plan[_BOX_WORDS], np.int64),
+        numba.carray(void_pointer(plan[_AT_COUNTERS]), plan[_COUNTER_WORDS], np.int64),
+        message, length, arrived, mode, _BITWISE_OR, message[header_bytes:length],
+        arrived[header_bytes:length])
+    if error != 0:
+        return error
+    for i in range(state[_SIGNATURE_BYTES]):
+        if message[i] != fresh_header[i]:
+            return DIFFERENT
+    return 0
+
+
+@numba.njit(cache=True, nogil=True)
 def _checked_collective(plan, handles, collective, fresh_header, send, receive) -> int:
     """The check of the signatures, then, where every rank's was ours, the MPI library's
     own collective that ``collective`` describes from ``send`` (``MPI_IN_PLACE`` when it
@@ -253,31 +281,20 @@ def _checked_collective(plan, handles, collective, fresh_header, send, receive) 
     then ride behind the header (at its rank's place, or'ed into zeros, as
     :class:`._agreement.CarriedGather` sends them), and the collective is made only
     where every rank's words are this rank's."""
-    state = numba.carray(void_pointer(plan[_AT_STATE]), plan[_STATE_WORDS], np.int64)
-    message = numba.carray(void_pointer(plan[_AT_MESSAGE]), plan[_MESSAGE_BYTES], np.uint8)
-    arrived = numba.carray(void_pointer(plan[_AT_RECEIVE]), plan[_RECEIVE_BYTES], np.uint8)
     header_bytes, length = fresh_header.size, plan[_LENGTH]
-    copy_bytes(message.ctypes.data, fresh_header.ctypes.data, header_bytes)
     kind, width = collective[_KIND], collective[_WIDTH]
     words_count = (length - header_bytes) // 8
-    words = numba.carray(void_pointer(message.ctypes.data + header_bytes), words_count,
+    words = numba.carray(void_pointer(plan[_AT_MESSAGE] + header_bytes), words_count,
                          np.int64)
     mine = collective[_WORDS:_WORDS + width]
     for i in range(words_count):
         words[i] = 0
     for i in range(width):
         words[collective[_RANK] * width + i] = mine[i]
-    error = _exchange(
-        state, handles[0], handles[1],
-        numba.carray(void_pointer(plan[_AT_BOXES]), plan[_BOX_WORDS], np.int64),
-        numba.carray(void_pointer(plan[_AT_COUNTERS]), plan[_COUNTER_WORDS], np.int64),
-        message, length, arrived, PAYLOADS if words_count else HEADERS_IF_DIFFERENT,
-        _BITWISE_OR, message[header_bytes:length], arrived[header_bytes:length])
+    error = agreed(plan, handles, fresh_header,
+                   PAYLOADS if words_count else HEADERS_IF_DIFFERENT)
     if error != 0:
         return error
-    for i in range(state[_SIGNATURE_BYTES]):
-        if message[i] != fresh_header[i]:
-            return DIFFERENT
     for i in range(words_count):
         if words[i] != mine[i % width]:
             return UNEVEN
@@ -380,13 +397,25 @@ class CompiledExchange:
         address = {ALLREDUCE: functions.allreduce, BROADCAST: functions.bcast,
                    REDUCE_SCATTER: functions.reduce_scatter_block,
                    ALLGATHER: functions.allgather, ALLTOALL: functions.alltoall}[kind]
-        handles = np.array([self._comm, self._byte, functions.handle(datatype),
-                            functions.handle(op)], self._comm.dtype)
         collective = np.array([address, kind, count, root, int(MPI.IN_PLACE), self._rank,
                                words.size, *words.tolist()], np.int64)
-        length = self._header_bytes + 8 * self._size * words.size
-        return functools.partial(_checked_collective, self._plan(message, length, receive, 0),
-                                 handles, collective)
+        return self.checked(_checked_collective, message, receive,
+                            self._header_bytes + 8 * self._size * words.size, collective,
+                            datatype=datatype, op=op)
+
+    def checked(self, compiled: Callable[..., int], message: np.ndarray,
+                receive: np.ndarray, length: int, *arguments: np.ndarray,
+                datatype: MPI.Datatype = MPI.BYTE, op: MPI.Op = MPI.OP_NULL
+                ) -> Callable[..., int]:
+        """``compiled`` bound to this group's arrays and to the messages it checks with
+        (``length`` bytes of ``message``, received into ``receive``): called as
+        ``compiled(plan, handles, *arguments, ...)``, where ``plan`` is what
+        :func:`agreed` takes and ``handles`` are the group's communicator, ``MPI_BYTE``,
+        ``datatype`` and ``op`` as the MPI library's handles."""
+        handles = np.array([self._comm, self._byte, self._functions.handle(datatype),
+                            self._functions.handle(op)], self._comm.dtype)
+        return functools.partial(compiled, self._plan(message, length, receive, 0), handles,
+                                 *arguments)
 
     def _plan(self, message: np.ndarray, length: int, receive: np.ndarray,
               code: int) -> np.ndarray:

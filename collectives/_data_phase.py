@@ -1,56 +1,23 @@
 """The data phase of an allreduce on host memory, after the ranks agreed: one flat
-buffer through the chosen algorithm, and the step that turns a sum into the result."""
+buffer through the chosen algorithm."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from mpi4py import MPI
 import numpy as np
 
-from ..kernels import Compressor, bits, divide_into, encoding_of, reducer, scale_into
+from ..kernels import Compressor, bits, encoding_of, reducer
 from ..kernels.reduction import Combine
-from . import _adasum, _hierarchical, _native, _recursive_doubling, _ring
+from . import _adasum, _hierarchical, _native, _recursive_doubling, _ring, timeline
+from ._compiled_ring import ring_allreduce
 from ._group import Group
 from ._ops import ReduceOp
 from ._selection import ADASUM
 from ._topology import HIERARCHICAL, NodeLayout, hierarchy_for, layout_of
 from ._tracing import phase
 from .config import current_settings
-
-
-@dataclass(frozen=True)
-class Finisher:
-    """The in-place step that turns a sum into the result: divide by ``divisor`` (for
-    Average), then multiply by ``postscale_factor``. Calling it applies it to host values
-    (bfloat16 ones, ``encoding``, also as their uint16 bits, as the data phase holds
-    them); device memory applies the same two numbers on the GPU."""
-
-    divisor: int
-    postscale_factor: float
-    encoding: str | None = None
-
-    def __call__(self, values: np.ndarray) -> None:
-        self.into(values, values)
-
-    def into(self, values: np.ndarray, out: np.ndarray) -> None:
-        """Apply it to host ``values``, writing ``out`` (may be ``values``)."""
-        if self.divisor != 1:
-            divide_into(values, self.divisor, out, self.encoding)
-            values = out
-        if self.postscale_factor != 1.0:
-            scale_into(values, self.postscale_factor, out, self.encoding)
-        elif values is not out:
-            np.copyto(out, values)
-
-
-def finisher(divisor: int, postscale_factor: float, dtype: np.dtype) -> Finisher | None:
-    """The :class:`Finisher` for these numbers and values of ``dtype``, or None when it
-    would do nothing."""
-    if divisor == 1 and postscale_factor == 1.0:
-        return None
-    return Finisher(divisor, postscale_factor, encoding_of(dtype))
 
 
 def reduce_flat(group: Group, algorithm: str, source: np.ndarray, result: np.ndarray,
@@ -84,7 +51,9 @@ def reduce_flat(group: Group, algorithm: str, source: np.ndarray, result: np.nda
                                          segment_bytes)
         return
     elif algorithm == "ring":
-        _ring.allreduce(group, source, result, combine, finish, segment_bytes)
+        if timeline.ACTIVE is not None or not ring_allreduce(group, source, result, combine,
+                                                             finish, segment_bytes):
+            _ring.allreduce(group, source, result, combine, finish, segment_bytes)
         return
     elif algorithm == "recursive_doubling":
         if result is not source:

@@ -26,7 +26,7 @@ from ..kernels import BFLOAT16, device, scale_into
 from ..kernels.reduction import Combine
 from . import _ipc, _native
 from ._buffers import DeviceTensor
-from ._data_phase import Finisher
+from ._finishing import Finisher
 from ._group import Group
 from ._memory import AWARE, IPC, STAGED, HostMemory
 from ._ops import ReduceOp

@@ -20,7 +20,8 @@ import numpy as np
 
 from ..kernels import BFLOAT16, bits, scale_into
 from ..kernels.reduction import Combine
-from ._data_phase import Finisher, reduce_flat
+from ._data_phase import reduce_flat
+from ._finishing import Finisher
 from ._group import Group
 from ._result_pool import RESULTS
 from ._ops import ReduceOp

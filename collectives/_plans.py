@@ -11,10 +11,11 @@ import numpy as np
 from ..kernels import Compressor, FusionLayout, reducer
 from ..kernels.reduction import Combine
 from ._adasum import working_dtype
-from ._agreement import PAYLOAD_CAPACITY, Call, CarriedReduction, checked_collective
+from ._agreement import (PAYLOAD_CAPACITY, Call, CarriedReduction, checked_collective,
+                         checked_ring)
 from ._compiled_exchange import ALLREDUCE
 from ._checks import active_compressor, check_compression, check_reduction
-from ._data_phase import Finisher, finisher
+from ._finishing import Finisher, finisher
 from ._memory import AWARE, IPC, MPI_CANNOT_REDUCE, STAGED, goes_direct
 from ._native import MPI_OPS
 from ._ops import ReduceOp, resolve_op
@@ -61,12 +62,16 @@ class AllreducePlan:
         wire: the host plan's own buffer for the compressed values.
         carried: how the data travels in the agreement's messages (small host arrays
             reduced by recursive doubling), or None.
-        checked: MPI's own allreduce made in the agreement's compiled call (host arrays
-            of MPI's own datatypes, ``native``, uncompressed), or None.
+        checked: the check and the data phase in one compiled call (host arrays,
+            uncompressed): MPI's own allreduce (``native``, MPI's own datatypes), or
+            the ring (``ring``, the dtypes and ops it combines in compiled code); or None.
+        finish_checked: what turns ``checked``'s result into the call's (``finish`` for
+            MPI's own allreduce; None for the ring, which finishes in the call).
     """
 
     __slots__ = ("group", "settings", "op", "algorithm", "call", "finish", "combine",
-                 "compressor", "wire", "layout", "memory", "carried", "checked")
+                 "compressor", "wire", "layout", "memory", "carried", "checked",
+                 "finish_checked")
 
     def __init__(self, array: Any, op: Any, name: str | None, prescale_factor: float,
                  postscale_factor: float, process_set: ProcessSet | None,
@@ -113,10 +118,16 @@ class AllreducePlan:
             self.algorithm == "recursive_doubling" and array.nbytes <= PAYLOAD_CAPACITY
         self.carried = CarriedReduction(self.group, self.call, array.dtype, array.size,
                                         self.combine, self.finish) if carried else None
-        checked = self.memory is None and self.compressor is None and \
-            self.algorithm == "native"
-        self.checked = checked_collective(self.group, self.call, ALLREDUCE, array.dtype,
-                                          array.size, MPI_OPS[self.op]) if checked else None
+        self.checked, self.finish_checked = None, None
+        if self.memory is None and self.compressor is None:
+            if self.algorithm == "native":
+                self.checked = checked_collective(self.group, self.call, ALLREDUCE,
+                                                  array.dtype, array.size, MPI_OPS[self.op])
+                self.finish_checked = self.finish
+            elif self.algorithm == "ring":
+                self.checked = checked_ring(self.group, self.call, array.dtype, array.size,
+                                            self.combine, self.finish,
+                                            self.settings.segment_bytes)
 
 
 _PLANS: PlanCache[AllreducePlan] = PlanCache()

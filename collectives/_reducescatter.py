@@ -20,7 +20,7 @@ from ._buffers import device_tensor, results_like
 from ._calls import collective_call, run_validated
 from ._checks import (active_compressor, check_compression, check_reduction, check_splittable,
                       flat, input_array)
-from ._data_phase import Finisher, finisher
+from ._finishing import Finisher, finisher
 from ._executor import Handle
 from ._memory import AWARE, HOST, goes_direct
 from ._native import MPI_OPS

@@ -13,7 +13,7 @@ from ringtrain.collectives._agreement import Call
 from ringtrain.collectives._buffers import results_like, returns_itself, torch_view
 from ringtrain.collectives._checks import (active_compressor, check_reduction, in_place_array,
                                            input_array)
-from ringtrain.collectives._data_phase import finisher
+from ringtrain.collectives._finishing import finisher
 from ringtrain.collectives._memory import HOST, MPI_CANNOT_REDUCE
 from ringtrain.collectives._ops import COPY_DTYPES, REDUCE_DTYPES, ReduceOp
 from ringtrain.collectives.bench import cases

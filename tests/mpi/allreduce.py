@@ -15,6 +15,7 @@ import ringtrain as rt
 from ringtrain.collectives._agreement import _buffers_of
 from ringtrain.collectives._mailboxes import mailboxes_of
 from ringtrain.collectives.engine import allreduce_plan, reduce_planned
+from ringtrain.collectives._ring import allreduce as python_ring
 from ringtrain.collectives._world import world
 from _harness import (FLOAT_DTYPES, INT_DTYPES, OPS, REDUCE_DTYPES, WORLD, Digests,
                       adasum_reference, all_inputs, assert_equal_arrays, assert_reduced, check,
@@ -556,6 +557,49 @@ def native_allreduces_check_and_reduce_in_one_compiled_call():
         plan = allreduce_plan(np.zeros(5, dtype), rt.Sum, None, 1.0, 1.0, None, "native",
                               rt.Compression.none, "allreduce")
         assert plan.checked is None, f"{np.dtype(dtype).name} in the compiled call"
+
+
+@check
+def ring_allreduces_run_in_compiled_calls():
+    """The ring of host arrays of the dtypes the compiled exchange combines runs in
+    compiled code, checked in the same call (a plain call) or after the agreement (a
+    prescaled one), and gives the Python ring's bits: uneven chunks, several segments,
+    chunks with nothing in them, in place and out of place, every op, scaled."""
+    k, me = rt.size(), rt.rank()
+    group = world().group
+    with configured(segment_bytes=64):
+        for dtype in (np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32,
+                      np.int64):
+            floating = np.dtype(dtype).kind == "f"
+            for n in (k - 1, 3 * (64 // np.dtype(dtype).itemsize) * k + 5):
+                for op in OPS:
+                    if op is rt.Average and not floating:
+                        continue
+                    inputs = all_inputs(range(k), (n,), dtype, op, "compiled ring")
+                    plan = allreduce_plan(inputs[me], op, None, 1.0, 1.0, None, "ring",
+                                          rt.Compression.none, "allreduce")
+                    what = label("allreduce", "ring", op, dtype, (n,))
+                    assert (plan.checked is not None) == (k > 1), f"{what}: compiled call?"
+                    python = np.empty_like(inputs[me])
+                    if k > 1:
+                        python_ring(group, inputs[me], python, plan.combine, plan.finish, 64)
+                    else:
+                        python[...] = inputs[me]
+                    assert_equal_arrays(rt.allreduce(inputs[me], op, algorithm="ring"),
+                                        python, what)
+                    x = inputs[me].copy()
+                    rt.allreduce_(x, op, algorithm="ring")
+                    assert_equal_arrays(x, python, what + " in place")
+                    if floating:  # the Python path up to the data phase, then compiled
+                        rings = len(group.state.get("compiled rings", ()))
+                        prescaled = rt.allreduce(inputs[me] / 2, op, algorithm="ring",
+                                                 prescale_factor=2.0)
+                        assert_equal_arrays(prescaled, python, what + " prescaled")
+                        assert len(group.state.get("compiled rings", ())) == rings + (k > 1), \
+                            f"{what}: prescaled, not compiled"
+        plan = allreduce_plan(np.zeros(5, np.float16), rt.Sum, None, 1.0, 1.0, None, "ring",
+                              rt.Compression.none, "allreduce")
+        assert plan.checked is None, "float16 in the compiled call"
 
 
 @check(min_size=2)

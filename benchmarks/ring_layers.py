@@ -1,0 +1,98 @@
+"""What a ring allreduce costs at each layer, against the MPI library's own allreduce.
+
+    mpiexec -n 2 python benchmarks/ring_layers.py
+    mpiexec -n 4 python benchmarks/ring_layers.py --sizes 1M,4M
+
+For each size (float32, ``op=Sum``, out of place): MPI's own ``Allreduce`` through
+mpi4py into a buffer it reuses; the ring's data phase alone, written in Python
+(``_ring.allreduce``) and compiled (``_compiled_ring.ring_allreduce``), each into a
+reused buffer with no agreement; and ``ringtrain.allreduce(x, algorithm="ring")``, the
+whole call (its check and data phase in one compiled call, its result from the result
+pool), as a training script makes it. The four are timed in turn within each round, so
+that the machine's noise hits them alike. A time is the median over ``--rounds`` rounds
+of rank 0's mean per call; ``x MPI`` is MPI's time over the whole call's (above 1:
+ringtrain faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+import ringtrain as rt
+from ringtrain.collectives import _compiled_ring, _ring
+from ringtrain.collectives._world import world
+from ringtrain.variables import parse_size
+
+
+def parse_arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--sizes", default="256K,512K,1M,4M",
+                        help="bytes per rank, comma-separated (K, M suffixes)")
+    parser.add_argument("--rounds", type=int, default=9)
+    return parser.parse_args()
+
+
+def layers(nbytes: int, comm: MPI.Comm) -> dict[str, Callable[[], object]]:
+    """Each layer's call for ``nbytes`` of float32."""
+    group = world().group
+    segment_bytes = rt.current_settings().segment_bytes
+    source = np.ones(nbytes // 4, np.float32)
+    target = np.empty_like(source)
+
+    def compiled() -> None:
+        if not _compiled_ring.ring_allreduce(group, source, target, np.add, None,
+                                             segment_bytes):
+            raise SystemExit("the compiled ring cannot run here (RINGTRAIN_COMPILED_EXCHANGE=0?)")
+
+    return {
+        "MPI's own": lambda: comm.Allreduce(source, target, MPI.SUM),
+        "Python ring": lambda: _ring.allreduce(group, source, target, np.add, None,
+                                               segment_bytes),
+        "compiled ring": compiled,
+        "allreduce": lambda: rt.allreduce(source, rt.Sum, algorithm="ring"),
+    }
+
+
+def mean_time(call: Callable[[], object], count: int, comm: MPI.Comm) -> float:
+    """Seconds per call on this rank, the ranks starting together."""
+    for _ in range(min(count, 5)):
+        call()
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(count):
+        call()
+    return (time.perf_counter() - start) / count
+
+
+def main() -> None:
+    arguments = parse_arguments()
+    rt.init()
+    comm = MPI.COMM_WORLD
+    sizes = [parse_size(size) for size in arguments.sizes.split(",")]
+    names = list(layers(sizes[0], comm))
+    if comm.rank == 0:
+        print(f"# {comm.size} ranks, float32 sum out of place, median of {arguments.rounds} "
+              f"rounds, µs per call")
+        print(f"{'bytes':>10} " + " ".join(f"{name:>14}" for name in names) + f" {'x MPI':>7}")
+    for nbytes in sizes:
+        count = max(20, min(2000, (64 << 20) // nbytes))
+        times: dict[str, list[float]] = {name: [] for name in names}
+        calls = layers(nbytes, comm)
+        for _ in range(arguments.rounds):
+            for name, call in calls.items():
+                times[name].append(mean_time(call, count, comm))
+        medians = {name: statistics.median(times[name]) * 1e6 for name in names}
+        if comm.rank == 0:
+            print(f"{nbytes:>10} " + " ".join(f"{medians[name]:14.1f}" for name in names)
+                  + f" {medians[names[0]] / medians['allreduce']:7.2f}")
+
+
+if __name__ == "__main__":
+    main()
