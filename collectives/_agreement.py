@@ -486,17 +486,19 @@ def checked_collective(group: Group, call: Call, kind: int, dtype: np.dtype, cou
         words.size)
 
 
-def checked_ring(group: Group, call: Call, dtype: np.dtype, count: int, combine: Callable,
-                 finish: Finisher | None, segment_bytes: int) -> CheckedCollective | None:
-    """The ring allreduce (:mod:`._compiled_ring`) of ``count`` elements of ``dtype``
-    combined as numpy's ``combine`` does, then ``finish``ed, checked in one compiled
-    call; or None where it cannot be: no compiled exchange, values it does not combine,
-    chunks too large, or a group of one rank."""
+def checked_ring(group: Group, call: Call, dtype: np.dtype, bounds: list[int], gather: bool,
+                 combine: Callable, finish: Finisher | None,
+                 segment_bytes: int) -> CheckedCollective | None:
+    """The ring (:mod:`._compiled_ring`) over the chunks of ``dtype`` between ``bounds``
+    (elements), combined as numpy's ``combine`` does, ``finish``ed and ``gather``ed (an
+    allreduce) or not (a reduce-scatter), checked in one compiled call; or None where it
+    cannot be: no compiled exchange, values it does not combine, chunks too large, or a
+    group of one rank."""
     buffers = _buffers_of(group)
     if buffers.compiled is None or group.size == 1:
         return None
     run = compiled_ring(buffers.compiled, buffers.message, buffers.receive, HEADER_BYTES,
-                        group, dtype, count, combine, finish, segment_bytes)
+                        group, dtype, bounds, gather, combine, finish, segment_bytes)
     return None if run is None else CheckedCollective(group, call, buffers, run, 0)
 
 

@@ -1,5 +1,5 @@
-"""The ring allreduce of :mod:`._ring` in machine code, checked by the agreement in the
-same compiled call.
+"""The ring allreduce and reduce-scatter of :mod:`._ring` in machine code, checked by
+the agreement in the same compiled call.
 
 The schedule, segments, tags and the rule that each element is reduced on one rank
 are :mod:`._ring`'s, so the result is the same and bit-identical on every rank; only
@@ -27,9 +27,10 @@ from ._group import Group
 from ._native_calls import MpiFunctions, call_c, mpi_functions
 from ._ring import ALLGATHER_TAG, REDUCE_SCATTER_TAG, chunk_bounds
 
-# Words of a ring's description (int64); the chunk bounds (size + 1 words), then room
-# for an MPI_Status, follow them.
-_SENDRECV, _SEND, _RECV, _RANK, _SIZE, _SEGMENT, _OP, _BOUNDS = range(8)
+# Words of a ring's description (int64): where this rank's finished chunk goes in the
+# result, whether the chunks are then gathered (an allreduce) or not (a reduce-scatter);
+# the chunk bounds (size + 1 words), then room for an MPI_Status, follow them.
+_SENDRECV, _SEND, _RECV, _RANK, _SIZE, _SEGMENT, _OP, _OWN_AT, _GATHER, _BOUNDS = range(10)
 _MAX_MESSAGE_BYTES = (1 << 31) - 1
 _RINGS_KEPT = 64
 """Descriptions of unchecked rings kept per group (all dropped when it is reached)."""
@@ -101,19 +102,23 @@ def _checked_ring(plan, handles, ring, factors, scratch, fresh_header, source,
     error = agreed(plan, handles, fresh_header, HEADERS_IF_DIFFERENT)
     if error != 0:
         return error
-    return _ring_allreduce(ring, handles, factors, scratch, source, result)
+    return _ring_steps(ring, handles, factors, scratch, source, result)
 
 
 @numba.njit(cache=True, nogil=True)
-def _ring_allreduce(ring, handles, factors, scratch, source, result) -> int:
-    """The ring allreduce of 1-D ``source`` into ``result`` (may be it) that ``ring``
-    describes, finished by ``factors`` (see :func:`_finish`) on this rank's chunk, over
-    the communicator of ``handles`` (with ``MPI_BYTE``): 0 or an MPI error."""
+def _ring_steps(ring, handles, factors, scratch, source, result) -> int:
+    """The ring that ``ring`` describes over the communicator of ``handles`` (with
+    ``MPI_BYTE``): the reduce-scatter of 1-D ``source``, this rank's chunk finished by
+    ``factors`` (see :func:`_finish`) into ``result`` at its place, then, for an
+    allreduce, the allgather of every chunk in ``result`` (may be ``source``): 0 or an
+    MPI error."""
     comm, byte, itemsize = handles[0], handles[1], source.itemsize
-    rank, size, op = ring[_RANK], ring[_SIZE], ring[_OP]
+    rank, size, op, own_at = ring[_RANK], ring[_SIZE], ring[_OP], ring[_OWN_AT]
     bounds = ring[_BOUNDS:_BOUNDS + size + 1]
     right, left = (rank + 1) % size, (rank + size - 1) % size
-    longest = bounds[1] - bounds[0]
+    longest = 0
+    for chunk in range(size):
+        longest = max(longest, bounds[chunk + 1] - bounds[chunk])
     per_segment = max(1, min(longest, ring[_SEGMENT]))
     received, partial = scratch[:per_segment], scratch[per_segment:2 * per_segment]
     finishing = factors[1] != 1 or factors[2] != 1
@@ -136,11 +141,14 @@ def _ring_allreduce(ring, handles, factors, scratch, source, result) -> int:
             if b == b_end:
                 continue
             # The last step receives this rank's own chunk: it goes to the result.
-            into = partial[:b_end - b] if step < size - 2 else result[b:b_end]
+            into = partial[:b_end - b] if step < size - 2 else \
+                result[b - own_at:b_end - own_at]
             _combine_into(op, source[b:b_end], received[:b_end - b], into)
             if step == size - 2 and finishing:
                 _finish(into, factors)
             outgoing = into.ctypes.data
+    if ring[_GATHER] == 0:
+        return 0
     for step in range(size - 1):
         sent, arriving = (rank - step + size) % size, (rank - step - 1 + size) % size
         error = _transfer(ring, comm, byte, result[bounds[sent]:].ctypes.data,
@@ -163,23 +171,25 @@ class _Ring:
     segments: np.ndarray
 
 
-def _ring_for(group: Group, functions: MpiFunctions, dtype: np.dtype, count: int, op: int,
-              finish: Finisher | None, segment_bytes: int) -> _Ring | None:
-    """The compiled ring of ``count`` elements of ``dtype`` over ``group``, combined by
-    payload code ``op`` and finished by ``finish``; None where it cannot run: values it
-    does not combine, a 16-bit float's bits, or a chunk larger than one MPI message of
-    bytes can be. The segments in flight are held in the group's scratch memory, where
-    the Python ring holds them."""
+def _ring_for(group: Group, functions: MpiFunctions, dtype: np.dtype, bounds: list[int],
+              gather: bool, op: int | None, finish: Finisher | None,
+              segment_bytes: int) -> _Ring | None:
+    """The compiled ring over ``group`` of the chunks of ``dtype`` between ``bounds``
+    (elements), combined by payload code ``op``, finished by ``finish`` and gathered
+    (an allreduce) or not (a reduce-scatter, whose result is this rank's chunk); None
+    where it cannot run: values it does not combine, a 16-bit float's bits, or a chunk
+    larger than one MPI message of bytes can be. The segments in flight are held in the
+    group's scratch memory, where the Python ring holds them."""
     if op is None or finish is not None and finish.encoding is not None:
         return None
-    bounds = chunk_bounds(count, group.size)
+    longest = max(bounds[chunk + 1] - bounds[chunk] for chunk in range(group.size))
     itemsize = np.dtype(dtype).itemsize
-    if (bounds[1] - bounds[0]) * itemsize > _MAX_MESSAGE_BYTES:
+    if longest * itemsize > _MAX_MESSAGE_BYTES:
         return None
-    per_segment = max(1, min(bounds[1] - bounds[0], segment_bytes // itemsize))
+    per_segment = max(1, min(longest, segment_bytes // itemsize))
     words = np.array([functions.sendrecv, functions.send, functions.recv, group.rank,
-                      group.size, per_segment, op, *bounds]
-                     + [0] * -(-functions.status_bytes // 8), np.int64)
+                      group.size, per_segment, op, 0 if gather else bounds[group.rank],
+                      int(gather), *bounds] + [0] * -(-functions.status_bytes // 8), np.int64)
     factors = np.array([1, 1, 1] if finish is None else
                        [1, finish.divisor, finish.postscale_factor], dtype)
     nbytes = 2 * per_segment * itemsize
@@ -187,18 +197,18 @@ def _ring_for(group: Group, functions: MpiFunctions, dtype: np.dtype, count: int
 
 
 def checked_ring(exchange: CompiledExchange, message: np.ndarray, receive: np.ndarray,
-                 header_bytes: int, group: Group, dtype: np.dtype, count: int,
-                 combine: Callable, finish: Finisher | None, segment_bytes: int
-                 ) -> Callable[[np.ndarray, np.ndarray, np.ndarray], int] | None:
-    """The check and the ring allreduce of ``count`` elements of ``dtype`` over
-    ``group``, combined as numpy's ``combine`` does and ``finish``ed, in one compiled call
-    bound to ``exchange``'s messages (``header_bytes`` of them): ``run(fresh_header,
-    source, result)``, as :meth:`CompiledExchange.checked` describes; or None where it
-    cannot be (see :func:`_ring_for`)."""
+                 header_bytes: int, group: Group, dtype: np.dtype, bounds: list[int],
+                 gather: bool, combine: Callable, finish: Finisher | None,
+                 segment_bytes: int) -> Callable[[np.ndarray, np.ndarray, np.ndarray], int] | None:
+    """The check and the ring over ``group`` (see :func:`_ring_for`) of elements of
+    ``dtype`` combined as numpy's ``combine`` does, in one compiled call bound to
+    ``exchange``'s messages (``header_bytes`` of them): ``run(fresh_header, source,
+    result)``, as :meth:`CompiledExchange.checked` describes; or None where it cannot
+    be."""
     functions = mpi_functions()
     ring = None if functions is None else _ring_for(
-        group, functions, dtype, count, payload_code(np.dtype(dtype), combine), finish,
-        segment_bytes)
+        group, functions, dtype, bounds, gather, payload_code(np.dtype(dtype), combine),
+        finish, segment_bytes)
     return None if ring is None else exchange.checked(
         _checked_ring, message, receive, header_bytes, ring.words, ring.factors,
         ring.segments)
@@ -219,13 +229,14 @@ def ring_allreduce(group: Group, source: np.ndarray, result: np.ndarray, combine
             rings.clear()
         handles = np.array([functions.handle(group.comm), functions.handle(MPI.BYTE)],
                            functions.handle_dtype)
-        rings[key] = handles, _ring_for(group, functions, source.dtype, source.size,
+        rings[key] = handles, _ring_for(group, functions, source.dtype,
+                                        chunk_bounds(source.size, group.size), True,
                                         payload_code(source.dtype, combine), finish,
                                         segment_bytes)
     handles, ring = rings[key]
     if ring is None:
         return False
-    error = _ring_allreduce(ring.words, handles, ring.factors, ring.segments, source, result)
+    error = _ring_steps(ring.words, handles, ring.factors, ring.segments, source, result)
     if error != 0:
         raise MPI.Exception(error)
     return True

@@ -21,6 +21,7 @@ from ._native import MPI_OPS
 from ._ops import ReduceOp, resolve_op
 from ._plan_cache import PlanCache
 from ._process_sets import ProcessSet, resolve_group
+from ._ring import chunk_bounds
 from ._selection import (ADASUM, adasum_algorithm, allreduce_algorithm,
                          device_allreduce_algorithm, reduces_inside_nodes_on_gpus)
 from ._topology import HIERARCHICAL, NodeLayout, layout_of
@@ -125,9 +126,10 @@ class AllreducePlan:
                                                   array.dtype, array.size, MPI_OPS[self.op])
                 self.finish_checked = self.finish
             elif self.algorithm == "ring":
-                self.checked = checked_ring(self.group, self.call, array.dtype, array.size,
-                                            self.combine, self.finish,
-                                            self.settings.segment_bytes)
+                self.checked = checked_ring(
+                    self.group, self.call, array.dtype,
+                    chunk_bounds(array.size, self.group.size), True, self.combine,
+                    self.finish, self.settings.segment_bytes)
 
 
 _PLANS: PlanCache[AllreducePlan] = PlanCache()

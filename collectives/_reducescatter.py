@@ -13,7 +13,7 @@ from ..kernels.host import scale_into
 from ..kernels.reduction import Combine
 from . import _native, _recursive_doubling, _ring, timeline
 from ._agreement import (PAYLOAD_CAPACITY, Call, CarriedReduction, CheckedCollective,
-                         agree, checked_collective)
+                         agree, checked_collective, checked_ring)
 from ._compiled_exchange import REDUCE_SCATTER
 from ._allreduce_run import warn_nonfinite
 from ._buffers import device_tensor, results_like
@@ -102,8 +102,11 @@ class _ReducescatterPlan:
             compressed: the decoding finishes).
         carried: how a small host array is reduced whole in the agreement's messages
             (``recursive_doubling``), each rank keeping its share; or None.
-        checked: MPI's own reduce-scatter made in the agreement's compiled call (host
-            arrays of MPI's own datatypes split evenly, ``native``), or None.
+        checked: the check and the data phase in one compiled call (host arrays):
+            MPI's own reduce-scatter (``native``, MPI's own datatypes split evenly) or
+            the ring (``ring``, the dtypes and ops it combines in compiled code); or None.
+        finish_checked: what turns ``checked``'s result into the share (``finish`` for
+            MPI's own; None for the ring, which finishes in the call).
     """
 
     def __init__(self, array: Any, op: Any, name: str | None, prescale_factor: float,
@@ -121,6 +124,7 @@ class _ReducescatterPlan:
         self.group = group = resolve_group(process_set, "reducescatter", name)
         self.carried: CarriedReduction | None = None
         self.checked: CheckedCollective | None = None
+        self.finish_checked: Finisher | None = None
         self.compressor = compressor = active_compressor(compression, array.dtype, op,
                                                          "reducescatter", name)
         row = math.prod(array.shape[1:])
@@ -158,6 +162,10 @@ class _ReducescatterPlan:
         if self.chosen == "native" and not on_device and len(set(self.counts)) == 1:
             self.checked = checked_collective(group, self.call, REDUCE_SCATTER, array.dtype,
                                               self.counts[0], MPI_OPS[op])
+            self.finish_checked = self.finish
+        elif self.chosen == "ring" and not on_device:
+            self.checked = checked_ring(group, self.call, array.dtype, bounds, False,
+                                        self.combine, self.finish, settings.segment_bytes)
 
 
 _PLANS: PlanCache[_ReducescatterPlan] = PlanCache()
@@ -220,7 +228,9 @@ def _reduced(plan: _ReducescatterPlan, memory: Any, source: Any, like: Any,
     result = output.reshape(-1) if memory is HOST else output
     if checked is not None:
         checked.run(start, result)
-    elif chosen == "ring" and group.size > 1:
+        memory.finish(output, plan.finish_checked)
+        return output
+    if chosen == "ring" and group.size > 1:
         _ring.reduce_scatter(group, memory.for_mpi(start), memory.for_mpi(result),
                              plan.bounds, plan.combine, plan.finish, segment_bytes)
         return output

@@ -108,6 +108,11 @@ def test_the_built_in_table_keeps_small_messages_and_takes_the_ring_or_mpi_above
                             ("broadcast", "recursive_doubling")):
         assert default_choice(collective, small, 3, SETTINGS) == own
         assert default_choice(collective, big, 3, SETTINGS) == "native"
+    ring_from = tuning.RING_REDUCESCATTER_MIN_BYTES + 1
+    for ranks in (2, 3, 4):
+        assert default_choice("reducescatter", ring_from - 1, ranks, SETTINGS) == "native"
+        assert default_choice("reducescatter", ring_from, ranks, SETTINGS) == "ring"
+        assert default_choice("allgather", 1 << 30, ranks, SETTINGS) == "native"
     # the recursive-doubling setting still reaches above the small messages
     assert default_choice("allreduce", 1 << 20,
                           4, Settings(recursive_doubling_max_bytes=1 << 20)) == \

@@ -10,6 +10,9 @@ import numpy as np
 import ringtrain as rt
 from ringtrain.collectives._allgather import _AllgatherPlan
 from ringtrain.collectives._alltoall import _AlltoallPlan
+from ringtrain.collectives._reducescatter import _ReducescatterPlan
+from ringtrain.collectives._ring import reduce_scatter as python_reduce_scatter
+from ringtrain.collectives._world import world
 from _harness import (COPY_DTYPES, OPS, REDUCE_DTYPES, WORLD, assert_equal_arrays,
                       assert_reduced, check, configured, expect_raises, main, make_input,
                       reduce_reference)
@@ -321,6 +324,48 @@ def large_allgathers_and_alltoalls_check_and_move_in_one_compiled_call():
                             np.repeat(np.arange(k, dtype=np.int32), 50000)[:, None]
                             .repeat(3, axis=1), "an allgather after the mismatches")
 
+
+
+@check()
+def ring_reducescatters_check_and_reduce_in_one_compiled_call():
+    """The ring reduce-scatter of host arrays of the dtypes the compiled exchange
+    combines is one compiled call (the check, then the ring's steps) on more than one
+    rank, with the Python ring's bits: uneven shares, empty ones, several segments, every
+    op, scaled; a rank whose call differs gets a MismatchError on every rank, and the
+    next call works."""
+    k, me = rt.size(), rt.rank()
+    group = world().group
+    with configured(segment_bytes=64):
+        for dtype in (np.float32, np.float64, np.int8, np.int32):
+            floating = np.dtype(dtype).kind == "f"
+            for shape in ((3 * k + 1, 5), (k - 1,), (2 * k + 1, 3)):
+                for op in OPS:
+                    if op is rt.Average and not floating:
+                        continue
+                    post = 0.5 if floating else 1.0
+                    x = make_input(me, shape, dtype, op, "rsc")
+                    plan = _ReducescatterPlan(x, op, None, 1.0, post, None, "ring",
+                                              rt.Compression.none, False)
+                    what = f"reducescatter ring {np.dtype(dtype).name} {op.name} {shape}"
+                    assert (plan.checked is not None) == (k > 1), f"{what}: compiled call?"
+                    python = np.empty(plan.share_shape, dtype)
+                    if k > 1:
+                        python_reduce_scatter(group, x.reshape(-1), python.reshape(-1),
+                                              plan.bounds, plan.combine, plan.finish, 64)
+                    else:
+                        python[...] = x
+                        if plan.finish is not None:
+                            plan.finish(python)
+                    assert_equal_arrays(rt.reducescatter(x, op, algorithm="ring",
+                                                         postscale_factor=post), python, what)
+    if k > 1:
+        shape = (4 * k, 3) if me == 0 else (4 * k + 1, 3)
+        expect_raises(rt.MismatchError, rt.reducescatter, np.ones(shape, np.float32), rt.Sum,
+                      name="differs", algorithm="ring", match=["reducescatter", "'differs'",
+                                                               "shape"])
+        assert_equal_arrays(rt.reducescatter(np.ones((4 * k, 3), np.float32), rt.Sum,
+                                             name="after", algorithm="ring"),
+                            np.full((4, 3), k, np.float32), "a reducescatter after the mismatch")
 
 if __name__ == "__main__":
     main()

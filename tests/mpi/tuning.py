@@ -47,14 +47,15 @@ TABLE_RANGES = {
 SPIED = {"allgather": ((_native, "allgather", "native"), (_ring, "allgather", "ring")),
          "alltoall": ((_native, "alltoall", "native"), (_pairwise, "alltoall", "pairwise")),
          "broadcast": ((_native, "broadcast", "native"),
-                       (CheckedCollective, "run", "native"),
+                       (CheckedCollective, "run", None),
                        (_broadcast_algorithms, "pipeline", "pipeline"),
                        (_broadcast_algorithms, "binomial", "binomial")),
          "reducescatter": ((_native, "reducescatter", "native"),
-                           (CheckedCollective, "run", "native"),
+                           (CheckedCollective, "run", None),
                            (_ring, "reduce_scatter", "ring"))}
 """The function each algorithm's data phase calls, by collective (MPI's own collective
-is called from Python, or from the agreement's compiled call)."""
+is called from Python, or from the agreement's compiled call, which also runs the ring:
+None there stands for the algorithm its call signature names)."""
 
 
 def job_key() -> tuning.TuningKey:
@@ -88,7 +89,7 @@ def spying(collective: str):
         saved.append((module, function, original))
 
         def spy(*args, _original=original, _algorithm=algorithm, **kwargs):
-            ran.append(_algorithm)
+            ran.append(_algorithm or args[0].call.fields["algorithm"])
             return _original(*args, **kwargs)
 
         setattr(module, function, spy)
