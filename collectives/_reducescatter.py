@@ -31,6 +31,7 @@ from ._process_sets import ProcessSet, resolve_group
 from ._result_pool import RESULTS
 from ._group import Group
 from ._selection import reducescatter_algorithm
+from ._topology import layout_of
 from .config import current_settings
 from .errors import InvalidArgumentError, subject
 
@@ -147,8 +148,8 @@ class _ReducescatterPlan:
                              dtype=array.dtype, shape=array.shape, algorithm="native",
                              memory=AWARE, compression=compression.name)
         else:
-            self.chosen = chosen = reducescatter_algorithm(algorithm, array.nbytes, group.size,
-                                                           settings, name)
+            self.chosen = chosen = reducescatter_algorithm(
+                algorithm, array.nbytes, group.size, settings, name, layout_of(group, settings))
             self.call = Call(collective="reducescatter", name=name, op=op.name,
                              dtype=array.dtype, shape=array.shape, algorithm=chosen,
                              segment_bytes=settings.segment_bytes if chosen == "ring"

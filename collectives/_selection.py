@@ -5,10 +5,9 @@
 built-in table keeps ringtrain's own algorithms up to 4 KiB (allreduce: recursive
 doubling up to ``recursive_doubling_max_bytes``; broadcast, allgather, reducescatter
 and alltoall: ``recursive_doubling``, their data in the agreement's own messages) and
-takes MPI's own above, but for the large
-allreduces of two ranks (the ring). Device tensors of
-ranks on one node are reduced on the GPUs through CUDA IPC (``ipc``) from
-``ipc_min_bytes`` on. ``algorithm=`` on a call, then the ``*_algorithm`` settings,
+takes MPI's own above, but for the larger allreduces and reducescatters, which take the
+ring on one node (MPI's own between nodes). Device tensors of ranks on one node are
+reduced on the GPUs through CUDA IPC (``ipc``) from ``ipc_min_bytes`` on. ``algorithm=`` on a call, then the ``*_algorithm`` settings,
 override the choice.
 
 When the ranks span several nodes and some node holds more than one of them, allreduce
@@ -140,11 +139,13 @@ def broadcast_algorithm(algorithm: str | None, nbytes: int, size: int, settings:
 
 
 def reducescatter_algorithm(algorithm: str | None, nbytes: int, size: int,
-                            settings: Settings, name: str | None) -> str:
-    """Choose the reducescatter algorithm (``nbytes``: the whole input)."""
+                            settings: Settings, name: str | None,
+                            layout: NodeLayout | None = None) -> str:
+    """Choose the reducescatter algorithm (``nbytes``: the whole input; ``layout``: the
+    group's nodes, if known)."""
     choice = requested("reducescatter", algorithm, settings, name)
-    return auto_choice("reducescatter", nbytes, size, settings) if choice == "auto" \
-        else choice
+    return auto_choice("reducescatter", nbytes, size, settings, layout) \
+        if choice == "auto" else choice
 
 
 def auto_choice(collective: str, nbytes: int, size: int, settings: Settings,
@@ -165,7 +166,12 @@ def _table_choice(collective: str, nbytes: int, size: int, settings: Settings,
     if hierarchical_above and _spans_nodes(layout) and \
             nbytes >= settings.hierarchical_min_bytes:
         return "hierarchical"
-    return default_choice(collective, nbytes, size, settings)
+    chosen = default_choice(collective, nbytes, size, settings)
+    if chosen == "ring" and layout is not None and len(layout.nodes) > 1:
+        # The built-in table's ring was measured on one node; between nodes MPI's own
+        # was as fast (one rank a node) or faster (several: fewer steps on the links).
+        return "native"
+    return chosen
 
 
 def _spans_nodes(layout: NodeLayout | None) -> bool:

@@ -79,6 +79,20 @@ def test_the_call_and_the_settings_override_the_table(table):
                                    "t") == "ring"
 
 
+def test_the_built_in_ring_is_for_one_node_and_mpi_takes_over_between_nodes():
+    from test_hierarchical import layout
+    above = SETTINGS.recursive_doubling_max_bytes + 1
+    assert allreduce_algorithm(None, above, 4, SETTINGS, "t", layout(4)) == "ring"
+    assert allreduce_algorithm(None, above, 4, SETTINGS, "t", layout(2, 2)) == "native"
+    assert allreduce_algorithm(None, above, 2, SETTINGS, "t", layout(1, 1)) == "native"
+    assert allreduce_algorithm(None, SETTINGS.hierarchical_min_bytes, 4, SETTINGS, "t",
+                               layout(2, 2)) == "hierarchical"
+    big = tuning.RING_REDUCESCATTER_MIN_BYTES + 1
+    assert reducescatter_algorithm(None, big, 4, SETTINGS, "t", layout(4)) == "ring"
+    assert reducescatter_algorithm(None, big, 4, SETTINGS, "t", layout(2, 2)) == "native"
+    assert reducescatter_algorithm(None, big, 4, SETTINGS, "t") == "ring"  # layout unknown
+
+
 def test_a_tuned_hierarchical_range_needs_ranks_on_several_nodes():
     from test_hierarchical import layout
     tuning.install(TuningTable(KEY, {4: {"allreduce": (Range(None, "hierarchical"),)}}))
