@@ -64,7 +64,7 @@ def _combine_into(op: int, mine, received, out) -> None:
 @numba.njit(cache=True, nogil=True)
 def _finish(values, factors) -> None:
     """``values / factors[1] * factors[2]``, each operation rounded to the dtype (as
-    :class:`._data_phase.Finisher` computes it)."""
+    :class:`._finishing.Finisher` computes it)."""
     if factors[1] != 1:
         for i in range(values.size):
             values[i] = values[i] / factors[1]
@@ -98,7 +98,7 @@ def _transfer(ring, comm, byte, send, send_bytes, right, incoming, receive_bytes
 def _checked_ring(plan, handles, ring, factors, scratch, fresh_header, source,
                   result) -> int:
     """The agreement's check, then, where every rank's signature was ours,
-    :func:`_ring_allreduce`: 0, ``DIFFERENT`` or an MPI error."""
+    :func:`_ring_steps`: 0, ``DIFFERENT`` or an MPI error."""
     error = agreed(plan, handles, fresh_header, HEADERS_IF_DIFFERENT)
     if error != 0:
         return error
@@ -163,8 +163,8 @@ def _ring_steps(ring, handles, factors, scratch, source, result) -> int:
 
 @dataclass(frozen=True)
 class _Ring:
-    """What the compiled ring takes for one kind of allreduce: its description (int64
-    words), the finishing factors (of the dtype) and the two segments in flight."""
+    """What the compiled ring takes for one kind of call: its description (int64 words),
+    the finishing factors (of the dtype) and the two segments in flight."""
 
     words: np.ndarray
     factors: np.ndarray

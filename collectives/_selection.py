@@ -7,8 +7,8 @@ doubling up to ``recursive_doubling_max_bytes``; broadcast, allgather, reducesca
 and alltoall: ``recursive_doubling``, their data in the agreement's own messages) and
 takes MPI's own above, but for the larger allreduces and reducescatters, which take the
 ring on one node (MPI's own between nodes). Device tensors of ranks on one node are
-reduced on the GPUs through CUDA IPC (``ipc``) from ``ipc_min_bytes`` on. ``algorithm=`` on a call, then the ``*_algorithm`` settings,
-override the choice.
+reduced on the GPUs through CUDA IPC (``ipc``) from ``ipc_min_bytes`` on.
+``algorithm=`` on a call, then the ``*_algorithm`` settings, override the choice.
 
 When the ranks span several nodes and some node holds more than one of them, allreduce
 and broadcast of at least ``hierarchical_min_bytes`` that no tuned range covers use the
