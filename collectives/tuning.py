@@ -180,7 +180,9 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
     messages (but for broadcast the binomial tree or the pipeline where
     ``broadcast_pipeline_min_bytes`` is set below it); MPI's own above, which was
     measured faster on one node, but for reducescatters above
-    :data:`RING_REDUCESCATTER_MIN_BYTES`, which take the ring as allreduces do.
+    :data:`RING_REDUCESCATTER_MIN_BYTES`, which take the ring as allreduces do. (Where
+    the ranks span nodes, ``auto`` takes MPI's own instead of this table's ring: see
+    :mod:`._selection`.)
     """
     own = SMALL_MESSAGE_BYTES
     if collective == "allreduce":

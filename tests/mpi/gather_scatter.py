@@ -325,7 +325,6 @@ def large_allgathers_and_alltoalls_check_and_move_in_one_compiled_call():
                             .repeat(3, axis=1), "an allgather after the mismatches")
 
 
-
 @check()
 def ring_reducescatters_check_and_reduce_in_one_compiled_call():
     """The ring reduce-scatter of host arrays of the dtypes the compiled exchange
@@ -366,6 +365,7 @@ def ring_reducescatters_check_and_reduce_in_one_compiled_call():
         assert_equal_arrays(rt.reducescatter(np.ones((4 * k, 3), np.float32), rt.Sum,
                                              name="after", algorithm="ring"),
                             np.full((4, 3), k, np.float32), "a reducescatter after the mismatch")
+
 
 if __name__ == "__main__":
     main()
