@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -33,6 +32,7 @@ import ringtrain as rt
 from ringtrain.collectives import _compiled_ring, _ring
 from ringtrain.collectives._world import world
 from ringtrain.variables import parse_size
+from small_calls import mean_time  # this folder's: the scripts run from it
 
 
 def parse_arguments() -> argparse.Namespace:
@@ -78,17 +78,6 @@ def layers(nbytes: int, comm: MPI.Comm, in_place: bool) -> dict[str, Callable[[]
             **{name: refilled(call) for name, call in calls.items()}}
 
 
-def mean_time(call: Callable[[], object], count: int, comm: MPI.Comm) -> float:
-    """Seconds per call on this rank, the ranks starting together."""
-    for _ in range(min(count, 5)):
-        call()
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(count):
-        call()
-    return (time.perf_counter() - start) / count
-
-
 def main() -> None:
     arguments = parse_arguments()
     rt.init()
@@ -107,7 +96,7 @@ def main() -> None:
         times: dict[str, list[float]] = {name: [] for name in calls}
         for _ in range(arguments.rounds):
             for name, call in calls.items():
-                times[name].append(mean_time(call, count, comm))
+                times[name].append(mean_time(call, count, comm, warmup=5))
         fill = statistics.median(times.pop("fill", [0.0]))
         medians = {name: (statistics.median(times[name]) - fill) * 1e6 for name in names}
         if comm.rank == 0:

@@ -52,9 +52,11 @@ def calls(elements: int, comm: MPI.Comm) -> dict[str, tuple[Callable[[], object]
     }
 
 
-def mean_time(call: Callable[[], object], count: int, comm: MPI.Comm) -> float:
-    """Seconds per call on this rank, the ranks starting together."""
-    for _ in range(min(count, 50)):
+def mean_time(call: Callable[[], object], count: int, comm: MPI.Comm,
+              warmup: int = 50) -> float:
+    """Seconds per call on this rank after ``warmup`` calls (at most ``count``), the
+    ranks starting together."""
+    for _ in range(min(count, warmup)):
         call()
     comm.Barrier()
     start = time.perf_counter()

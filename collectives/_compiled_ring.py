@@ -219,20 +219,19 @@ def ring_allreduce(group: Group, source: np.ndarray, result: np.ndarray, combine
     """The ring allreduce of 1-D ``source`` into ``result`` (may be it) in one compiled
     call, after the agreement, as :func:`._ring.allreduce` makes it; False where it
     cannot be (nothing moved then: the Python ring must)."""
-    functions = mpi_functions()
-    if functions is None or finish is not None and not isinstance(finish, Finisher):
+    if finish is not None and not isinstance(finish, Finisher):
         return False
     key = (source.size, source.dtype, combine, finish, segment_bytes)
     rings = group.state.setdefault("compiled rings", {})
     if key not in rings:
         if len(rings) >= _RINGS_KEPT:
             rings.clear()
-        handles = np.array([functions.handle(group.comm), functions.handle(MPI.BYTE)],
-                           functions.handle_dtype)
-        rings[key] = handles, _ring_for(group, functions, source.dtype,
-                                        chunk_bounds(source.size, group.size), True,
-                                        payload_code(source.dtype, combine), finish,
-                                        segment_bytes)
+        functions = mpi_functions()
+        rings[key] = (None, None) if functions is None else (
+            np.array([functions.handle(group.comm), functions.handle(MPI.BYTE)],
+                     functions.handle_dtype),
+            _ring_for(group, functions, source.dtype, chunk_bounds(source.size, group.size),
+                      True, payload_code(source.dtype, combine), finish, segment_bytes))
     handles, ring = rings[key]
     if ring is None:
         return False
