@@ -174,14 +174,23 @@ class Executor:
             self._queue.remove(handle)
         handle._execute()
 
-    def close(self) -> None:
-        """Finish everything queued, then stop the worker thread."""
+    def close(self, timeout: float | None = None) -> bool:
+        """Finish everything queued, then stop the worker thread.
+
+        Args:
+            timeout: seconds to wait at most for the worker thread (None: until it ends).
+
+        Returns:
+            Whether the worker thread has ended (or never ran).
+        """
         with self._mutex:
             self._closed = True
             self._wakeup.notify()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join()
+            thread.join(timeout)
+            return not thread.is_alive()
+        return thread is None
 
     def _note_caller(self, caller: int) -> None:
         if caller == self._worker:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 
@@ -64,6 +65,11 @@ class World:
 
 _world: World | None = None
 _generation = 0
+_threads_end_at_exit = False
+
+EXIT_WAIT_SECONDS = 30.0
+"""How long a process leaving without :func:`shutdown` waits at exit for its queued
+collectives to finish."""
 
 
 def init(comm: MPI.Comm | None = None) -> None:
@@ -109,6 +115,7 @@ def init(comm: MPI.Comm | None = None) -> None:
         LOGGER.info("%s", line)
     ACTIVITY.reset()
     _world.stall_inspector = _start_stall_inspector(own)
+    _end_threads_at_exit()
     _world.cuda_aware = _cuda_awareness()
     try:
         _world.gpu = choose_gpu(local_comm.Get_rank())
@@ -185,6 +192,36 @@ def shutdown() -> None:
         world.cross_comm.Free()
         world.local_comm.Free()
         world.group.free()
+
+
+def _end_threads_at_exit() -> None:
+    """Have the collectives and stall-inspector threads end before the interpreter
+    finalizes when the program leaves without :func:`shutdown` (registered once).
+
+    Both are daemon threads. Left running, the collectives thread may drop the last
+    reference to a framework's tensor while Python finalizes; a torch tensor's
+    destructor takes the GIL back from C++, and a thread taking the GIL then is ended
+    by the interpreter in the middle of C++ frames, which aborts the whole process
+    (exit code 6 at the end of a run that succeeded). The communicators stay as they
+    are: freeing them would wait for ranks that may have left.
+    """
+    global _threads_end_at_exit
+    if not _threads_end_at_exit:
+        atexit.register(_end_threads)
+        _threads_end_at_exit = True
+
+
+def _end_threads() -> None:
+    world = _world
+    if world is None:
+        return
+    if not world.executor.close(EXIT_WAIT_SECONDS):
+        LOGGER.warning("exiting with collectives still running after %.0f s; they are left "
+                       "unfinished", EXIT_WAIT_SECONDS)
+        return
+    if world.stall_inspector is not None and not MPI.Is_finalized():
+        world.stall_inspector.stop()
+        world.stall_inspector = None
 
 
 def is_initialized() -> bool:

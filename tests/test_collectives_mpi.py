@@ -10,7 +10,7 @@ import ast
 
 import pytest
 
-from mpi_launch import PROGRAMS as PROGRAM_DIR, run_checks
+from mpi_launch import PROGRAMS as PROGRAM_DIR, run_checks, run_mpi
 
 PROGRAMS = ["allreduce", "broadcast", "gather_scatter", "mismatch", "process_sets", "lifecycle",
             "compression", "join", "threads", "bfloat16"]
@@ -50,3 +50,10 @@ def test_the_agreement_over_mpi_messages(program, only):
     shared memory (its mismatches, and small collectives riding in it)."""
     run_checks(program, 3, timeout=TIMEOUT, args=() if only is None else ("--only", only),
                env={"RINGTRAIN_AGREEMENT_SHARED_MEMORY": "0"})
+
+
+def test_a_program_leaving_without_shutdown_ends_ringtrains_threads_first():
+    """Left running while the interpreter finalizes, the collectives thread could drop a
+    torch tensor then and abort the process (exit code 6 after a successful run)."""
+    output = run_mpi("exit_threads", 2, timeout=TIMEOUT)
+    assert output.count("ringtrain threads alive at exit: []") == 2, output
