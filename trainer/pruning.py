@@ -28,7 +28,8 @@ bit-identical; the ranks then compare a digest of each mask (one ``allgather_obj
 and masks that differ raise a :class:`~ringtrain.MismatchError` on every rank naming the
 first layer that differs, before any mask changes. Pruned weights are zeroed in
 ``weight_orig`` and in every optimizer state tensor of the weight's shape (momentum,
-Adam's moments), after every optimizer step too, so they stay exactly zero. Handed a
+Adam's moments; with a ShardedOptimizer, in the state and float32 copies of this rank's
+pieces), after every optimizer step too, so they stay exactly zero. Handed a
 ``DistributedOptimizer``, the pruner gives it the masks, and its gradient buckets carry
 only the gradients of the weights left (see
 :meth:`~ringtrain.trainer.gradient_reducer.GradientReducer.set_masks`).
@@ -247,13 +248,19 @@ class Pruner:
 
     def _zero_pruned(self) -> None:
         """Zero the pruned elements of each ``weight_orig`` and of every optimizer state
-        tensor of its shape (momentum, moments): they stay zero through later steps."""
+        tensor of its shape (momentum, moments), or of this rank's shards of them for an
+        optimizer that keeps its state in pieces (``mask_elements``: the
+        ShardedOptimizer): they stay zero through later steps."""
         state = getattr(self.optimizer, "state", None) or {}
+        mask_elements = getattr(self.optimizer, "mask_elements", None)
         with torch.no_grad():
             for _, module, name in self._targets:
                 original = getattr(module, f"{name}_orig")
                 mask = getattr(module, f"{name}_mask")
                 original.mul_(mask)
+                if mask_elements is not None:
+                    mask_elements(original, mask)
+                    continue
                 for value in state.get(original, {}).values():
                     if isinstance(value, torch.Tensor) and value.shape == original.shape:
                         value.mul_(mask)

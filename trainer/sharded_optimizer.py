@@ -146,6 +146,32 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
                    for value in self.optimizer.state.get(shard, {}).values()
                    if isinstance(value, torch.Tensor) and value.dim() > 0)
 
+    def mask_elements(self, parameter: torch.Tensor, mask: torch.Tensor) -> None:
+        """Multiply the elements of ``parameter`` that this rank owns by ``mask`` (of the
+        parameter's shape) wherever the wrapped optimizer keeps them: its per-element
+        state (momentum, moments) and, with ``master_weights``, the float32 copies. A
+        pruner calls it after zeroing pruned weights, so that their state is zero as it
+        would be in an unsharded optimizer's and the weights stay zero.
+
+        Raises:
+            InvalidArgumentError: ``parameter`` is not one this optimizer steps.
+        """
+        index = next((i for i, p in enumerate(self.parameters) if p is parameter), None)
+        if index is None:
+            raise InvalidArgumentError(
+                f"mask_elements: a parameter of shape {tuple(parameter.shape)} that this "
+                f"ShardedOptimizer does not step")
+        flat = mask.detach().reshape(-1)
+        with torch.no_grad():
+            for piece, shard in zip(self.pieces, self.shards):
+                if piece.parameter != index:
+                    continue
+                keep = flat[piece.start:piece.stop]
+                shard.mul_(keep)
+                for value in self.optimizer.state.get(shard, {}).values():
+                    if isinstance(value, torch.Tensor) and value.shape == shard.shape:
+                        value.mul_(keep)
+
     # The training step.
     def synchronize(self) -> None:
         """Launch the buckets still waiting (missing gradients count as zeros), wait for

@@ -27,6 +27,7 @@ import ringtrain as rt
 from _harness import (REDUCE_DTYPES, Digests, assert_reduced, check, expect_raises, main,
                       make_input, reduce_reference, rng)
 from ringtrain import elastic, pruning
+from ringtrain.trainer.sharded_optimizer import TorchShardedOptimizer
 
 METHODS = [(method, scope) for method in pruning.METHODS for scope in pruning.SCOPES]
 DTYPES = [torch.float32, torch.float64, torch.bfloat16]
@@ -119,45 +120,83 @@ def a_rank_with_a_perturbed_weight_fails_the_check_on_every_rank_naming_the_laye
     digests.verify()
 
 
-def train_and_check_zeros(make_optimizer, dtype: torch.dtype, distributed: bool) -> None:
+WRAPPERS = {
+    "none": None,
+    "distributed": lambda optimizer, model: rt.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters()),
+    "sharded stage 1": lambda optimizer, model: rt.ShardedOptimizer(
+        optimizer, named_parameters=model.named_parameters(), stage=1, fusion_threshold=300,
+        first_bucket_bytes=100),
+    "sharded stage 2": lambda optimizer, model: rt.ShardedOptimizer(
+        optimizer, named_parameters=model.named_parameters(), stage=2),
+    "sharded, master weights": lambda optimizer, model: rt.ShardedOptimizer(
+        optimizer, named_parameters=model.named_parameters(), master_weights=True),
+}
+"""How the torch optimizer is wrapped (None: not at all)."""
+
+
+def pruned_state(optimizer, parameter: torch.Tensor, mask: torch.Tensor):
+    """``(what, values)`` of the pruned elements of ``parameter`` in every tensor where
+    ``optimizer`` keeps them on this rank: its state, or the state and float32 copies of
+    this rank's pieces for a ShardedOptimizer."""
+    pruned = (mask == 0).reshape(-1)
+    if isinstance(optimizer, TorchShardedOptimizer):
+        for piece, shard in zip(optimizer.pieces, optimizer.shards):
+            if optimizer.parameters[piece.parameter] is parameter:
+                here = pruned[piece.start:piece.stop]
+                yield f"piece {piece.start}:{piece.stop}", shard[here]
+                for key, value in optimizer.optimizer.state.get(shard, {}).items():
+                    if isinstance(value, torch.Tensor) and value.shape == shard.shape:
+                        yield f"{key} of piece {piece.start}:{piece.stop}", value[here]
+        return
+    for key, value in optimizer.state[parameter].items():
+        if isinstance(value, torch.Tensor) and value.shape == mask.shape:
+            yield key, value.reshape(-1)[pruned]
+
+
+def train_and_check_zeros(make_optimizer, dtype: torch.dtype, wrapper: str) -> None:
     model = convnet(dtype=dtype)
     optimizer = make_optimizer(model.parameters())
-    if distributed:
-        optimizer = rt.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    wrap = WRAPPERS[wrapper]
+    if wrap is not None:
+        optimizer = wrap(optimizer, model)
     pruner = pruning.Pruner(model, pruning.GradualSchedule(0.7, 1, 5, frequency=2),
                             optimizer=optimizer)
     for step in range(7):
-        # Without a DistributedOptimizer every rank must see the same data to stay equal.
-        inputs, targets = batch(step, dtype=dtype, source=rt.rank() if distributed else 0)
+        # Without a wrapper every rank must see the same data to stay equal.
+        inputs, targets = batch(step, dtype=dtype, source=0 if wrap is None else rt.rank())
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(inputs), targets).backward()
         optimizer.step()
         pruner.step()
         for name, (module, mask) in zip(pruner.names, ((model[i], model[i].weight_mask)
                                                         for i in (0, 3, 5))):
+            what = f"{wrapper} {dtype} {name} step {step}"
             pruned = mask == 0
-            assert torch.all(module.weight_orig[pruned] == 0), f"{name} step {step}"
-            assert torch.all(module.weight[pruned] == 0), f"{name} step {step}"
-            for key, value in optimizer.state[module.weight_orig].items():
-                if isinstance(value, torch.Tensor) and value.shape == mask.shape:
-                    assert torch.all(value[pruned] == 0), f"{name} {key} step {step}"
+            assert torch.all(module.weight_orig[pruned] == 0), what
+            assert torch.all(module.weight[pruned] == 0), what
+            for key, values in pruned_state(optimizer, module.weight_orig, mask):
+                assert torch.all(values == 0), f"{what}: {key}"
     assert pruner.sparsity() > 0.69
 
 
 @check
 def pruned_weights_stay_zero_through_sgd_with_momentum_and_weight_decay():
     for dtype in (torch.float32, torch.float64):
-        for distributed in (False, True):
+        for wrapper in ("none", "distributed", "sharded stage 1", "sharded stage 2"):
             train_and_check_zeros(lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9,
                                                             weight_decay=0.01),
-                                  dtype, distributed)
+                                  dtype, wrapper)
 
 
 @check
 def pruned_weights_stay_zero_through_adam_and_adamw():
     for make in (lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.01),
                  lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1)):
-        train_and_check_zeros(make, torch.float32, distributed=True)
+        for wrapper in ("distributed", "sharded stage 1", "sharded stage 2"):
+            train_and_check_zeros(make, torch.float32, wrapper)
+    train_and_check_zeros(lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
+                          torch.bfloat16, "sharded, master weights")
 
 
 @check
@@ -319,6 +358,11 @@ def gold_tolerance(dtype: torch.dtype) -> float:
 
 
 GOLD_BATCH = 24  # divides by 1, 2, 3 and 4 ranks
+GOLD_OPTIMIZERS = [(None, dict(fusion_threshold=400, first_bucket_bytes=100)),
+                   (None, dict(fusion_threshold=0)),
+                   (1, dict(fusion_threshold=400, first_bucket_bytes=100)),
+                   (2, dict(fusion_threshold=0))]
+"""The DistributedOptimizer (stage None) and the ShardedOptimizer's stages, with buckets."""
 
 
 @check
@@ -326,14 +370,18 @@ def n_ranks_with_pruning_equal_one_process_on_the_global_batch():
     digests = Digests()
     for dtype in (torch.float32, torch.float64):
         for method in ("magnitude", "structured"):
-            for fusion in (dict(fusion_threshold=400, first_bucket_bytes=100),
-                           dict(fusion_threshold=0)):
+            for stage, fusion in GOLD_OPTIMIZERS:
                 model, reference = convnet(dtype=dtype), convnet(dtype=dtype)
                 make = lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9,  # noqa: E731
                                                  weight_decay=0.01)
-                optimizer = rt.DistributedOptimizer(
-                    make(model.parameters()), named_parameters=model.named_parameters(),
-                    **fusion)
+                if stage is None:
+                    optimizer = rt.DistributedOptimizer(
+                        make(model.parameters()), named_parameters=model.named_parameters(),
+                        **fusion)
+                else:
+                    optimizer = rt.ShardedOptimizer(
+                        make(model.parameters()), named_parameters=model.named_parameters(),
+                        stage=stage, **fusion)
                 single = make(reference.parameters())
                 schedule = pruning.GradualSchedule(0.8, begin_step=0, end_step=4, frequency=2)
                 pruner = pruning.Pruner(model, schedule, method, optimizer=optimizer)
@@ -349,7 +397,7 @@ def n_ranks_with_pruning_equal_one_process_on_the_global_batch():
                         opt.step()
                     pruner.step()
                     reference_pruner.step()
-                    what = f"{dtype} {method} {fusion} step {step}"
+                    what = f"{dtype} {method} stage {stage} {fusion} step {step}"
                     for name, mask in pruner.masks().items():
                         assert torch.equal(mask, reference_pruner.masks()[name]), f"{what} {name}"
                     state, expected = model.state_dict(), reference.state_dict()
