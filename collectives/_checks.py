@@ -125,19 +125,21 @@ def root_in_group(group: Group, root_rank: Any, collective: str, name: str | Non
     return group.world_ranks.index(int(root_rank))
 
 
-def check_splits(splits: Any, rows: int, size: int, name: str | None) -> np.ndarray:
-    """The rows this rank sends to each rank, as int64: ``splits`` checked, or, when it is
-    None, ``rows`` cut as evenly as possible."""
+def check_splits(splits: Any, rows: int, size: int, name: str | None,
+                 collective: str = "alltoall") -> np.ndarray:
+    """The rows of each rank (sent to it by an alltoall, kept by a reducescatter), as
+    int64: ``splits`` checked, or, when it is None, ``rows`` cut as evenly as possible
+    (the earlier ranks one more)."""
     if splits is None:
         base, extra = divmod(rows, size)
         return np.array([base + 1] * extra + [base] * (size - extra), np.int64)
     values = np.asarray(splits)
     if values.shape != (size,) or values.dtype.kind not in "iu" or (values < 0).any():
         raise InvalidArgumentError(
-            f"{subject('alltoall', name)}: splits must be {size} non-negative "
+            f"{subject(collective, name)}: splits must be {size} non-negative "
             f"integers (one per rank), got {list(np.ravel(values))}")
     if int(values.sum()) != rows:
         raise InvalidArgumentError(
-            f"{subject('alltoall', name)}: splits {values.tolist()} sum to "
+            f"{subject(collective, name)}: splits {values.tolist()} sum to "
             f"{int(values.sum())}, but the tensor has {rows} rows")
     return values.astype(np.int64)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -18,8 +19,8 @@ from ._compiled_exchange import REDUCE_SCATTER
 from ._allreduce_run import warn_nonfinite
 from ._buffers import device_tensor, results_like
 from ._calls import collective_call, run_validated
-from ._checks import (active_compressor, check_compression, check_reduction, check_splittable,
-                      flat, input_array)
+from ._checks import (active_compressor, check_compression, check_reduction, check_splits,
+                      check_splittable, flat, input_array)
 from ._finishing import Finisher, finisher
 from ._executor import Handle
 from ._memory import AWARE, HOST, goes_direct
@@ -40,11 +41,13 @@ def reducescatter(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                   process_set: ProcessSet | None = None, *,
                   algorithm: str | None = None,
-                  compression: Compressor = Compression.none) -> np.ndarray:
+                  compression: Compressor = Compression.none,
+                  splits: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
     """Reduce ``tensor`` over all ranks and return this rank's share of axis 0.
 
-    Axis 0 is split as evenly as possible, the earlier ranks taking the extra rows (the
-    ``numpy.array_split`` convention): with 10 rows on 4 ranks, ranks get 3, 3, 2, 2.
+    Axis 0 is split as ``splits`` says, else as evenly as possible, the earlier ranks
+    taking the extra rows (the ``numpy.array_split`` convention): with 10 rows on 4 ranks,
+    ranks get 3, 3, 2, 2.
 
     Args:
         tensor: this rank's array, at least 1-D; same shape and dtype on every rank.
@@ -54,13 +57,18 @@ def reducescatter(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str
         compression: ``Compression.fp16`` or ``Compression.bf16`` send float32 tensors
             as 16-bit floats, as :func:`~ringtrain.allreduce` does (the result is
             float32); a compressed reduce-scatter runs the ring.
+        splits: the rows each rank keeps, in rank order (non-negative integers summing
+            to ``tensor.shape[0]``; zeros allowed); the same on every rank.
 
     Returns:
         A new array of shape ``(rows of this rank, *tensor.shape[1:])``.
+
+    Raises:
+        MismatchError: ranks passed different shapes, dtypes, ops, names or splits.
     """
     if type(tensor) is np.ndarray:  # a call made before runs as planned then
         plan = _PLANS.get(_key(False, tensor, op, name, prescale_factor, postscale_factor,
-                               process_set, algorithm, compression), process_set,
+                               process_set, algorithm, compression, splits), process_set,
                           "reducescatter", name)
         if plan is not None and plan.compressor is None and tensor.flags.c_contiguous:
             if plan.carried is not None:
@@ -70,7 +78,7 @@ def reducescatter(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str
                                  tensor.reshape(-1), tensor, prescale_factor)
     return collective_call("reducescatter", name, process_set,
                            lambda: _prepare(tensor, op, name, prescale_factor, postscale_factor,
-                                            process_set, algorithm, compression),
+                                            process_set, algorithm, compression, splits),
                            restore=results_like(tensor))
 
 
@@ -78,11 +86,12 @@ def reducescatter_async(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
                         name: str | None = None, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0, process_set: ProcessSet | None = None,
                         *, algorithm: str | None = None,
-                        compression: Compressor = Compression.none) -> Handle:
+                        compression: Compressor = Compression.none,
+                        splits: Sequence[int] | np.ndarray | None = None) -> Handle:
     """Start :func:`reducescatter`; ``synchronize(handle)`` returns this rank's share."""
     return collective_call("reducescatter", name, process_set,
                            lambda: _prepare(tensor, op, name, prescale_factor, postscale_factor,
-                                            process_set, algorithm, compression),
+                                            process_set, algorithm, compression, splits),
                            asynchronous=True, restore=results_like(tensor))
 
 
@@ -112,7 +121,8 @@ class _ReducescatterPlan:
 
     def __init__(self, array: Any, op: Any, name: str | None, prescale_factor: float,
                  postscale_factor: float, process_set: ProcessSet | None,
-                 algorithm: str | None, compression: Any, on_device: bool):
+                 algorithm: str | None, compression: Any, on_device: bool,
+                 splits: Any = None):
         compression = check_compression(compression, "reducescatter", name)
         self.op = op = resolve_op(op, "reducescatter", name)
         if op is ReduceOp.Adasum:
@@ -129,7 +139,15 @@ class _ReducescatterPlan:
         self.compressor = compressor = active_compressor(compression, array.dtype, op,
                                                          "reducescatter", name)
         row = math.prod(array.shape[1:])
-        self.rows = rows = _ring.chunk_bounds(array.shape[0], group.size)
+        if splits is None:
+            self.rows = rows = _ring.chunk_bounds(array.shape[0], group.size)
+            given = {}
+        else:
+            kept = check_splits(splits, array.shape[0], group.size, name, "reducescatter")
+            self.rows = rows = [0, *accumulate(kept.tolist())]
+            # Splits equal to the even ones are the same call as none given.
+            given = {} if rows == _ring.chunk_bounds(array.shape[0], group.size) else \
+                {"splits": tuple(kept.tolist())}
         self.bounds = bounds = [r * row for r in rows]
         self.counts = [bounds[r + 1] - bounds[r] for r in range(group.size)]
         self.share_shape = (rows[group.rank + 1] - rows[group.rank], *array.shape[1:])
@@ -138,7 +156,7 @@ class _ReducescatterPlan:
             self.call = Call(collective="reducescatter", name=name, op=op.name,
                              dtype=array.dtype, shape=array.shape, algorithm="ring",
                              segment_bytes=settings.segment_bytes,
-                             compression=compressor.name)
+                             compression=compressor.name, **given)
             self.combine = reducer(op.value, compressor.wire_dtype, compressor.encoding)
             self.finish: Finisher | None = None
             return
@@ -146,14 +164,14 @@ class _ReducescatterPlan:
             self.chosen = "native"
             self.call = Call(collective="reducescatter", name=name, op=op.name,
                              dtype=array.dtype, shape=array.shape, algorithm="native",
-                             memory=AWARE, compression=compression.name)
+                             memory=AWARE, compression=compression.name, **given)
         else:
             self.chosen = chosen = reducescatter_algorithm(
                 algorithm, array.nbytes, group.size, settings, name, layout_of(group, settings))
             self.call = Call(collective="reducescatter", name=name, op=op.name,
                              dtype=array.dtype, shape=array.shape, algorithm=chosen,
                              segment_bytes=settings.segment_bytes if chosen == "ring"
-                             else None, compression=compression.name)
+                             else None, compression=compression.name, **given)
         self.combine = reducer(op.value, array.dtype)
         self.finish = finisher(group.size if op is ReduceOp.Average else 1, postscale_factor,
                                array.dtype)
@@ -174,7 +192,7 @@ _PLANS: PlanCache[_ReducescatterPlan] = PlanCache()
 
 def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
              postscale_factor: float, process_set: ProcessSet | None,
-             algorithm: str | None, compression: Any) -> Callable[[], Any]:
+             algorithm: str | None, compression: Any, splits: Any) -> Callable[[], Any]:
     on_device = device_tensor(tensor, "reducescatter", name)
     if on_device is not None and (
             check_compression(compression, "reducescatter", name).applies_to(on_device.dtype)
@@ -182,14 +200,15 @@ def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
                                on_device.dtype)):
         return staged(on_device, False, lambda array: _prepare(
             array, op, name, prescale_factor, postscale_factor, process_set, algorithm,
-            compression))
+            compression, splits))
     array = on_device if on_device is not None else \
         input_array(tensor, "reducescatter", name)
     key = _key(on_device is not None, array, op, name, prescale_factor, postscale_factor,
-               process_set, algorithm, compression)
+               process_set, algorithm, compression, splits)
     plan = _PLANS.get(key, process_set, "reducescatter", name) or _PLANS.keep(
         key, _ReducescatterPlan(array, op, name, prescale_factor, postscale_factor,
-                                process_set, algorithm, compression, on_device is not None))
+                                process_set, algorithm, compression, on_device is not None,
+                                splits))
     if plan.compressor is not None:
         flat_array = flat(array)
         return lambda: _compressed(plan, flat_array, name, prescale_factor, postscale_factor)
@@ -276,10 +295,18 @@ def _compressed(plan: _ReducescatterPlan, source: np.ndarray, name: str | None,
 
 def _key(on_device: bool, array: Any, op: Any, name: str | None, prescale_factor: float,
          postscale_factor: float, process_set: ProcessSet | None, algorithm: str | None,
-         compression: Any) -> tuple:
+         compression: Any, splits: Any) -> tuple:
     """What a reduce-scatter's plan is kept by."""
     return (on_device, array.shape, array.dtype, op, name, prescale_factor, postscale_factor,
-            process_set, algorithm, id(compression))
+            process_set, algorithm, id(compression),
+            None if splits is None else _splits_key(splits))
+
+
+def _splits_key(splits: Any) -> Any:
+    """Given splits as a plan is kept by them: their integers, or, for anything else (no
+    plan is kept for it: making one says what is wrong), a key no plan has."""
+    values = np.asarray(splits)
+    return tuple(values.tolist()) if values.dtype.kind in "iu" else object()
 
 
 def _carried(plan: _ReducescatterPlan, array: np.ndarray, prescale_factor: float

@@ -164,11 +164,84 @@ def reducescatter_special(algorithm: str) -> None:
                            np.float64, f"reducescatter segment_bytes=64 n={n}")
 
 
+def scatter_splits(rows: int) -> list[list[int]]:
+    """Uneven splits of ``rows`` (at least the world size): all on the last rank, one
+    more row per rank (with the rest on rank 0), and the even split reversed."""
+    k = rt.size()
+    growing = [min(r, rows) for r in range(k)]
+    growing[0] += rows - sum(growing)
+    even = [len(part) for part in np.array_split(np.arange(rows), k)]
+    return [[0] * (k - 1) + [rows], growing, even[::-1]]
+
+
+def reducescatter_with_splits(algorithm: str) -> None:
+    k, me = rt.size(), rt.rank()
+    for dtype in REDUCE_DTYPES:
+        for op in (rt.Sum, rt.Max):
+            for row_shape in ((), (3,)):
+                rows = 2 * k + 1
+                for splits in scatter_splits(rows):
+                    shape = (rows, *row_shape)
+                    what = (f"reducescatter(algorithm={algorithm}, op={op.name}, "
+                            f"dtype={dtype.name}, shape={shape}, splits={splits})")
+                    y = rt.reducescatter(make_input(me, shape, dtype, op, "rsp"), op,
+                                         name="rsp", algorithm=algorithm, splits=splits)
+                    full = reduce_reference([make_input(r, shape, dtype, op, "rsp")
+                                             for r in range(k)], op)
+                    start = sum(splits[:me])
+                    assert_reduced(y, full[start:start + splits[me]], dtype, what)
+    # Average, scales, asynchronous, and splits given as an array
+    inputs = [make_input(r, (3 * k, 2), np.float64, rt.Average, "rspa") for r in range(k)]
+    splits = np.array(scatter_splits(3 * k)[1], np.int32)
+    handle = rt.reducescatter_async(inputs[me], rt.Average, name="rspa", prescale_factor=0.5,
+                                    postscale_factor=3.0, algorithm=algorithm, splits=splits)
+    full = reduce_reference(inputs, rt.Average, 0.5, 3.0)
+    start = int(splits[:me].sum())
+    assert_reduced(rt.synchronize(handle), full[start:start + int(splits[me])], np.float64,
+                   f"reducescatter_async with splits, algorithm={algorithm}")
+
+
+def reducescatter_splits_refused_and_mismatched() -> None:
+    k, me = rt.size(), rt.rank()
+    x = np.ones((k + 1, 2), np.float32)
+    bad = [[1] * k,                          # sums to k, not k + 1
+           [-1, k + 2] + [0] * (k - 2) if k > 1 else [-1],
+           [(k + 1) / k] * k,                # not integers
+           [k + 1] + [0] * k]                # one per rank, plus one
+    for splits in bad:
+        expect_raises(rt.InvalidArgumentError, rt.reducescatter, x, rt.Sum, name="bad",
+                      splits=splits, match=["reducescatter", "'bad'", "splits"])
+    # The even splits given are the same call as none given.
+    even = [len(part) for part in np.array_split(np.arange(k + 1), k)]
+    assert_equal_arrays(rt.reducescatter(x, rt.Sum, splits=even if me % 2 else None),
+                        np.full((even[me], 2), k, np.float32), "even splits against none")
+    if k > 1:
+        differing = [k + 1 - min(me, 1), min(me, 1)] + [0] * (k - 2)
+        expect_raises(rt.MismatchError, rt.reducescatter, x, rt.Sum, name="differs",
+                      splits=differing, match=["reducescatter", "'differs'", "splits"])
+    assert_equal_arrays(rt.reducescatter(x, rt.Sum, splits=[0] * (k - 1) + [k + 1]),
+                        np.full((k + 1 if me == k - 1 else 0, 2), k, np.float32),
+                        "a reducescatter after the mismatch")
+    # A 16-bit wire: small integers travel exactly.
+    splits = scatter_splits(2 * k + 1)[1]
+    values = (np.arange((2 * k + 1) * 2, dtype=np.float32).reshape(-1, 2) % 7) + me
+    got = rt.reducescatter(values, rt.Sum, name="rspc", compression=rt.Compression.fp16,
+                           splits=splits)
+    full = sum((np.arange((2 * k + 1) * 2, dtype=np.float32).reshape(-1, 2) % 7) + r
+               for r in range(k))
+    start = sum(splits[:me])
+    assert_equal_arrays(got, full[start:start + splits[me]], "reducescatter fp16 with splits")
+
+
 for _algorithm in SCATTER_ALGORITHMS:
     check(name=f"reducescatter every op x dtype x shape, algorithm={_algorithm}")(
         lambda a=_algorithm: reducescatter_matrix(a))
     check(name=f"reducescatter scaled, non-contiguous, async, segmented, algorithm={_algorithm}")(
         lambda a=_algorithm: reducescatter_special(a))
+    check(name=f"reducescatter with uneven splits, every dtype, algorithm={_algorithm}")(
+        lambda a=_algorithm: reducescatter_with_splits(a))
+check(name="reducescatter splits refused, and splits that differ across ranks")(
+    reducescatter_splits_refused_and_mismatched)
 
 # --------------------------------------------------------------------------- alltoall
 
