@@ -9,6 +9,7 @@ of the zero gradients of pruned weights gives, whatever a rank held there).
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,15 @@ def kept_elements(name: str, shape: tuple[int, ...], mask: Any) -> KeptElements 
             f"has {shape}")
     mask = mask != 0
     return None if mask.all() else KeptElements(mask)
+
+
+def kept_digest(kept: list[KeptElements | None]) -> str:
+    """A short digest of which elements of a bucket's gradients travel (None: all)."""
+    digest = hashlib.blake2b(digest_size=4)
+    for elements in kept:
+        digest.update(b"all" if elements is None else elements.kept.tobytes())
+        digest.update(b"|")
+    return digest.hexdigest()
 
 
 def gather_kept(gradient: np.ndarray, kept: KeptElements | None, out: np.ndarray) -> None:

@@ -38,7 +38,8 @@ from ..kernels.dispatch import dtype_of
 from ..kernels.layout import DEFAULT_ALIGNMENT_BYTES
 from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec, assign_buckets
 from ._buckets import fusion_threshold as resolve_fusion_threshold
-from ._gradient_masks import KeptElements, gather_kept, kept_elements, scatter_kept
+from ._gradient_masks import (KeptElements, gather_kept, kept_digest, kept_elements,
+                             scatter_kept)
 from ._names import repeated_names
 
 _COLLECTIVE = "allreduce_"
@@ -72,6 +73,9 @@ class Bucket:
             # Kept elements one gradient after the other: the bytes sent are theirs alone.
             sizes = [specs[i].nbytes // dtype.itemsize if k is None else k.count
                      for i, k in zip(members, self.kept)]
+            # The collectives compare the name: masks that differ across ranks fail the
+            # bucket on every rank, also where they keep as many elements.
+            self.name += f", kept elements {kept_digest(self.kept)}"
             self.layout = FusionLayout([(n,) for n in sizes], dtype, dtype.itemsize)
         else:
             # A gradient alone is reduced where it lies when it is contiguous, so its
@@ -221,7 +225,7 @@ class GradientReducer:
                                       _COLLECTIVE)
                        for bucket in self.buckets]
         self._device_plans: dict[int, Any] = {}
-        self._wire_bytes = [bucket.layout.total_size * _wire_itemsize(compression,
+        self._wire_bytes = [bucket.layout.total_size * wire_itemsize(compression,
                                                                       bucket.layout.dtype)
                             for bucket in self.buckets]
 
@@ -443,7 +447,7 @@ class GradientReducer:
                 f"buckets, fusion threshold {self.fusion_threshold} bytes)")
 
 
-def _wire_itemsize(compression: Compressor, dtype: np.dtype) -> int:
+def wire_itemsize(compression: Compressor, dtype: np.dtype) -> int:
     """Bytes per element of ``dtype`` on the wire under ``compression``."""
     if compression.applies_to(dtype):
         return compression.wire_dtype.itemsize

@@ -30,9 +30,10 @@ first layer that differs, before any mask changes. Pruned weights are zeroed in
 ``weight_orig`` and in every optimizer state tensor of the weight's shape (momentum,
 Adam's moments; with a ShardedOptimizer, in the state and float32 copies of this rank's
 pieces), after every optimizer step too, so they stay exactly zero. Handed a
-``DistributedOptimizer``, the pruner gives it the masks, and its gradient buckets carry
-only the gradients of the weights left (see
-:meth:`~ringtrain.trainer.gradient_reducer.GradientReducer.set_masks`).
+``DistributedOptimizer`` or a ``ShardedOptimizer``, the pruner gives it the masks, and its
+buckets carry only the gradients (and, sharded, the updated parameters) of the weights
+left (see :meth:`~ringtrain.trainer.gradient_reducer.GradientReducer.set_masks` and
+:meth:`~ringtrain.trainer.sharded_optimizer.TorchShardedOptimizer.set_gradient_masks`).
 
 The masks are buffers of the model, so ``broadcast_parameters(model.state_dict())`` and
 checkpoints of ``model.state_dict()`` carry them; after loading or broadcasting them,
@@ -79,11 +80,12 @@ class Pruner:
             ``Linear`` and ``ConvNd`` in ``model``.
         group_size: the run length of ``"group_l2"``.
         norm: the p of ``"structured"`` (2 by default).
-        optimizer: the (Distributed) optimizer stepping the model: its state is zeroed
-            where weights are pruned, after each of its steps too.
+        optimizer: the (Distributed or Sharded) optimizer stepping the model: its state
+            is zeroed where weights are pruned, after each of its steps too.
         process_set: the ranks that share the model (default: all).
-        shrink_communication: hand the masks to a ``DistributedOptimizer`` so that its
-            buckets carry only the gradients of unpruned weights (default True).
+        shrink_communication: hand the masks to a ``DistributedOptimizer`` or a
+            ``ShardedOptimizer`` so that its buckets carry only the elements of unpruned
+            weights (default True).
 
     Raises:
         InvalidArgumentError: bad arguments, parameters that are not in ``model``.

@@ -23,6 +23,10 @@ pieces of the float16 and bfloat16 parameters (ZeRO's fp32 master weights: each 
 keeps the copies of its shard only, 4 bytes per owned element): the averaged 16-bit
 gradients are upcast into the copies' ``.grad``, and after the step the copies are
 rounded into the model's memory, whose 16-bit chunks are then allgathered.
+
+Given gradient masks (:meth:`TorchShardedOptimizer.set_gradient_masks`, which a pruner
+calls), a bucket's reduce-scatter and allgather carry its kept elements alone
+(:mod:`~ringtrain.trainer.sharded_masks`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..collectives import (Average, Compression, Compressor, ProcessSet, allgather_async,
@@ -39,10 +44,12 @@ from ..collectives.errors import InvalidArgumentError, UnsupportedDtypeError, Us
 from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec
 from ._buckets import fusion_threshold as resolve_fusion_threshold
 from ._dtypes import numpy_dtype
+from .gradient_reducer import wire_itemsize
 from .master_weights import LOW_PRECISION
 from .torch_optimizer import WrappedOptimizerView, named_trainable_parameters
 from .sharded_partition import (BucketSteps, Partition, Piece, ShardBucket, check_arguments,
                                 clip_coefficient, wait_for_buckets)
+from .sharded_masks import KeptBucket
 from .sharded_state import consolidated_state_dict, load_state_dict, shard_state_dict
 
 _FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -129,6 +136,7 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
         self._synchronized = False
         self._skip = False
         self._consolidated: dict[str, Any] | None = None
+        self._kept: list[KeptBucket | None] = [None] * len(self.partition.buckets)
         self._reset_step()
         self._hooks = [hook for index, p in enumerate(self.parameters)
                        for hook in self._register_hooks(index, p)]
@@ -145,6 +153,65 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
         return sum(value.numel() for shard in self.shards
                    for value in self.optimizer.state.get(shard, {}).values()
                    if isinstance(value, torch.Tensor) and value.dim() > 0)
+
+    def set_gradient_masks(self, masks: Iterable[tuple[torch.Tensor, torch.Tensor | None]]
+                           ) -> None:
+        """Send only the kept elements of masked parameters from the next step on
+        (:class:`~ringtrain.pruning.Pruner` calls this when its masks change): their
+        gradients are reduce-scattered and their updated values allgathered without the
+        pruned elements, which get zero gradients and are zero in the parameters after
+        every step. The partition, and so the optimizer state, stays where it is.
+
+        Args:
+            masks: ``(parameter, mask)`` pairs (mask nonzero: kept; None: the whole
+                parameter); parameters not given travel whole. Every rank must give the
+                same masks (a bucket whose masks differ raises a MismatchError on every
+                rank at the next step).
+
+        Raises:
+            InvalidArgumentError: a parameter this optimizer does not step, a mask of
+                another shape, or a masked parameter in GPU memory.
+            UsageError: called between ``backward()`` and ``step()``.
+        """
+        index_of = {id(p): i for i, p in enumerate(self.parameters)}
+        kept: list[np.ndarray | None] = [None] * len(self.parameters)
+        for parameter, mask in masks:
+            index = index_of.get(id(parameter))
+            if index is None:
+                raise InvalidArgumentError(
+                    f"set_gradient_masks: a parameter of shape {tuple(parameter.shape)} "
+                    f"that this ShardedOptimizer does not step")
+            if mask is None:
+                continue
+            name = self.parameter_names[index]
+            if tuple(mask.shape) != tuple(parameter.shape):
+                raise InvalidArgumentError(
+                    f"set_gradient_masks: the mask of {name!r} has shape "
+                    f"{tuple(mask.shape)}; the parameter has {tuple(parameter.shape)}")
+            flags = (mask.detach() != 0).cpu().numpy().reshape(-1)
+            if flags.all():
+                continue
+            if parameter.device.type != "cpu":
+                raise InvalidArgumentError(
+                    f"set_gradient_masks: {name!r} is on {parameter.device}; pruning-aware "
+                    f"buckets are for host parameters")
+            kept[index] = np.flatnonzero(flags)
+        if self._started:
+            raise UsageError("set_gradient_masks() was called while gradients are being "
+                             "reduced; call it before backward() or after step()")
+        self._kept = [
+            None if all(kept[m] is None for m in bucket.members) else
+            KeptBucket(bucket, [kept[m] for m in bucket.members],
+                       [self.parameters[m].numel() for m in bucket.members], self.shard_rank)
+            for bucket in self.partition.buckets]
+
+    @property
+    def bytes_per_step(self) -> int:
+        """The bytes this rank hands to the reduce-scatters of a step with the current
+        masks (float32 counted as 2 bytes under fp16 or bf16 compression)."""
+        return sum((bucket.total if kept is None else kept.count) *
+                   wire_itemsize(self.compression, bucket.dtype)
+                   for bucket, kept in zip(self.partition.buckets, self._kept))
 
     def mask_elements(self, parameter: torch.Tensor, mask: torch.Tensor) -> None:
         """Multiply the elements of ``parameter`` that this rank owns by ``mask`` (of the
@@ -184,6 +251,9 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
             self._reset_step()
 
         def deliver(bucket_index: int, chunk: torch.Tensor) -> None:
+            kept = self._kept[bucket_index]
+            if kept is not None:
+                chunk = kept.expand(chunk)
             for position in self._pieces_of_bucket[bucket_index]:
                 piece = self.pieces[position]
                 shard = self.shards[position]
@@ -389,9 +459,14 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
             self._launch(bucket, buffer)
 
     def _launch(self, bucket: ShardBucket, buffer: torch.Tensor) -> None:
-        handle = reducescatter_async(buffer, op=Average, name=bucket.name,
+        kept = self._kept[bucket.index]
+        if kept is not None:
+            buffer = kept.pack(buffer)
+        handle = reducescatter_async(buffer, op=Average,
+                                     name=bucket.name if kept is None else kept.name,
                                      process_set=self.process_set,
-                                     compression=self.compression)
+                                     compression=self.compression,
+                                     splits=None if kept is None else kept.splits)
         self._launched.append((bucket.index, handle))
         self._next_launch += 1
 
@@ -415,7 +490,10 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
             else:
                 first = self.parameters[bucket.members[0]]
                 chunk = torch.empty(0, dtype=first.dtype, device=first.device)
-            handles.append(allgather_async(chunk, name=f"{bucket.name} parameters",
+            kept = self._kept[index]
+            handles.append(allgather_async(chunk if kept is None else kept.own(chunk),
+                                           name=f"{bucket.name if kept is None else kept.name}"
+                                                f" parameters",
                                            process_set=self.process_set))
 
         if buckets:
@@ -425,6 +503,10 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
                 launch(index + 1)
             flat = synchronize(handles[index])
             handles[index] = None
+            kept = self._kept[index]
+            if kept is not None:
+                kept.write(flat, [self.parameters[m] for m in bucket.members])
+                continue
             for member, offset in zip(bucket.members, bucket.offsets):
                 parameter = self.parameters[member]
                 parameter.detach().view(-1).copy_(flat[offset:offset + parameter.numel()])

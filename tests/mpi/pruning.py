@@ -24,9 +24,10 @@ import torch
 from torch.nn.utils import prune
 
 import ringtrain as rt
-from _harness import (REDUCE_DTYPES, Digests, assert_reduced, check, expect_raises, main,
+from _harness import (REDUCE_DTYPES, WORLD, Digests, assert_reduced, check, expect_raises, main,
                       make_input, reduce_reference, rng)
 from ringtrain import elastic, pruning
+from ringtrain.trainer import sharded_optimizer
 from ringtrain.trainer.sharded_optimizer import TorchShardedOptimizer
 
 METHODS = [(method, scope) for method in pruning.METHODS for scope in pruning.SCOPES]
@@ -294,18 +295,107 @@ def masks_that_differ_across_ranks_fail_the_bucket_on_every_rank_without_a_hang(
                  for i, shape in enumerate(GRADIENT_SHAPES)]
     reducer = rt.GradientReducer([(f"g{i}", g) for i, g in enumerate(gradients)],
                                  fusion_threshold=0)
-    masks = [random_mask(shape, i) for i, shape in enumerate(GRADIENT_SHAPES)]
-    if rt.rank() == rt.size() - 1:
-        masks[0] = masks[0].copy()
-        masks[0].reshape(-1)[0] = not masks[0].reshape(-1)[0]
-    reducer.set_masks(masks)
-    for i, gradient in enumerate(gradients):
-        reducer.mark_ready(i, gradient)
-    expect_raises(rt.MismatchError, reducer.wait, match=["[g0]", f"rank {rt.size() - 1} sent"])
-    reducer.set_masks([None] * len(gradients))  # usable again once the masks agree
-    for i, gradient in enumerate(gradients):
-        reducer.mark_ready(i, gradient)
-    reducer.wait()
+    for swap in (False, True):  # a swap keeps as many elements
+        masks = [random_mask(shape, i) for i, shape in enumerate(GRADIENT_SHAPES)]
+        if rt.rank() == rt.size() - 1:
+            masks[0] = flat = masks[0].copy().reshape(-1)
+            flat[0] = not flat[0]
+            if swap:
+                other = int(np.flatnonzero(flat == flat[0])[1])
+                flat[other] = not flat[other]
+            assert swap == (flat.sum() == random_mask(GRADIENT_SHAPES[0], 0).sum())
+            masks[0] = flat.reshape(GRADIENT_SHAPES[0])
+        reducer.set_masks(masks)
+        for i, gradient in enumerate(gradients):
+            reducer.mark_ready(i, gradient)
+        expect_raises(rt.MismatchError, reducer.wait,
+                      match=["[g0]", f"rank {rt.size() - 1} sent"])
+        reducer.set_masks([None] * len(gradients))  # usable again once the masks agree
+        for i, gradient in enumerate(gradients):
+            reducer.mark_ready(i, gradient)
+        reducer.wait()
+
+
+@check
+def sharded_buckets_carry_only_the_kept_elements_both_ways():
+    """The ShardedOptimizer's reduce-scatters get the kept gradients alone, its
+    allgathers every rank's kept parameters alone; pieces get zero gradients at pruned
+    elements, and the parameters match a DistributedOptimizer pruning alike."""
+    handed: dict[str, list[int]] = {"reducescatter": [], "allgather": []}
+    originals = {name: getattr(sharded_optimizer, f"{name}_async") for name in handed}
+
+    def recording(name):
+        def call(tensor, *args, **kwargs):
+            handed[name].append(tensor.numel())
+            return originals[name](tensor, *args, **kwargs)
+        return call
+
+    for name in handed:
+        setattr(sharded_optimizer, f"{name}_async", recording(name))
+    try:
+        for stage, fusion, compression, wire in (
+                (1, dict(fusion_threshold=300, first_bucket_bytes=100), rt.Compression.none, 4),
+                (2, dict(fusion_threshold=0), rt.Compression.none, 4),
+                (1, dict(fusion_threshold=1 << 20), rt.Compression.fp16, 2)):
+            model, reference = convnet(), convnet()
+            optimizer = rt.ShardedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                named_parameters=model.named_parameters(), stage=stage,
+                compression=compression, **fusion)
+            distributed = rt.DistributedOptimizer(
+                torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9),
+                named_parameters=reference.named_parameters(), compression=compression)
+            pruner = pruning.Pruner(model, optimizer=optimizer)
+            reference_pruner = pruning.Pruner(reference, optimizer=distributed)
+            everything = sum(p.numel() for p in model.parameters())
+            for step, sparsity in enumerate((0.0, 0.5, 0.8, 0.95)):
+                what = f"stage {stage} {fusion} {compression.name} sparsity {sparsity}"
+                if sparsity:
+                    pruner.prune(sparsity)
+                    reference_pruner.prune(sparsity)
+                kept = everything - sum(int((m == 0).sum()) for m in pruner.masks().values())
+                for record in handed.values():
+                    record.clear()
+                model_gradients_step(model, optimizer, step)
+                model_gradients_step(reference, distributed, step)
+                assert sum(handed["reducescatter"]) == kept, (what, handed, kept)
+                assert sum(WORLD.allgather(sum(handed["allgather"]))) == kept, (what, kept)
+                assert optimizer.bytes_per_step == kept * wire, (what, kept)
+                for piece, shard in zip(optimizer.pieces, optimizer.shards):
+                    parameter = optimizer.parameters[piece.parameter]
+                    for module in model:
+                        if getattr(module, "weight_orig", None) is parameter:
+                            pruned = (module.weight_mask == 0).reshape(-1)
+                            assert torch.all(shard.grad[pruned[piece.start:piece.stop]] == 0), \
+                                what
+                tolerance = 1e-2 if compression is rt.Compression.fp16 else 1e-5
+                for name, value in model.state_dict().items():
+                    difference = float((value - reference.state_dict()[name]).abs().max())
+                    assert difference <= tolerance, f"{what} {name}: {difference}"
+    finally:
+        for name, original in originals.items():
+            setattr(sharded_optimizer, f"{name}_async", original)
+
+
+@check(min_size=2)
+def sharded_masks_that_differ_across_ranks_fail_on_every_rank_without_a_hang():
+    for swap in (False, True):  # a swap keeps as many elements in every chunk
+        model = convnet()
+        optimizer = rt.ShardedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                        named_parameters=model.named_parameters(),
+                                        fusion_threshold=0)
+        weight = model[3].weight
+        mask = torch.ones_like(weight)
+        mask.view(-1)[:weight.numel() // 2:2] = 0
+        if rt.rank() == rt.size() - 1:
+            mask.view(-1)[0] = 1
+            if swap:  # elements 0 and 1 lie in rank 0's chunk at every size tested
+                mask.view(-1)[1] = 0
+        optimizer.set_gradient_masks([(weight, mask)])
+        expect_raises(rt.MismatchError, model_gradients_step, model, optimizer, 0,
+                      match=["3.weight", f"rank {rt.size() - 1} sent"])
+        optimizer.set_gradient_masks([(weight, None)])  # usable again once they agree
+        model_gradients_step(model, optimizer, 1)
 
 
 def model_gradients_step(model, optimizer, step: int) -> None:
