@@ -163,3 +163,24 @@ def test_a_pruner_puts_torch_prune_masks_on_linear_and_conv_weights_and_refuses_
         Pruner(torch.nn.Sequential(torch.nn.ReLU()))
     with pytest.raises(InvalidArgumentError, match="schedule must be a GradualSchedule"):
         Pruner(model, schedule=0.8)
+
+
+def test_masks_handed_to_an_optimizer_are_checked():
+    torch = pytest.importorskip("torch")
+    from ringtrain.trainer.torch_optimizer import host_masks
+
+    weight, bias = torch.zeros(2, 3), torch.zeros(3)
+    named = [("weight", weight), ("bias", bias)]
+    mask = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 2.0]])
+    arrays = host_masks([(weight, mask), (bias, None)], named, "steps")
+    assert arrays[1] is None
+    assert arrays[0].tolist() == [[True, False, True], [False, False, True]]
+    with pytest.raises(InvalidArgumentError, match="shape \\(4,\\) is not one this optimizer "
+                                                   "steps"):
+        host_masks([(torch.zeros(4), None)], named, "steps")
+    with pytest.raises(InvalidArgumentError, match="'bias'.*mask has shape \\(2,\\)"):
+        host_masks([(bias, torch.ones(2))], named, "steps")
+    elsewhere = torch.zeros(3, device="meta")
+    with pytest.raises(InvalidArgumentError, match="'far'.*on meta.*host memory"):
+        host_masks([(elsewhere, torch.tensor([1.0, 0.0, 1.0]))], [("far", elsewhere)], "steps")
+    assert host_masks([(elsewhere, torch.ones(3))], [("far", elsewhere)], "steps")[0].all()

@@ -46,7 +46,8 @@ from ._buckets import fusion_threshold as resolve_fusion_threshold
 from ._dtypes import numpy_dtype
 from .gradient_reducer import wire_itemsize
 from .master_weights import LOW_PRECISION
-from .torch_optimizer import WrappedOptimizerView, named_trainable_parameters
+from .torch_optimizer import (WrappedOptimizerView, host_masks,
+                              named_trainable_parameters)
 from .sharded_partition import (BucketSteps, Partition, Piece, ShardBucket, check_arguments,
                                 clip_coefficient, wait_for_buckets)
 from .sharded_masks import KeptBucket
@@ -173,29 +174,9 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
                 another shape, or a masked parameter in GPU memory.
             UsageError: called between ``backward()`` and ``step()``.
         """
-        index_of = {id(p): i for i, p in enumerate(self.parameters)}
-        kept: list[np.ndarray | None] = [None] * len(self.parameters)
-        for parameter, mask in masks:
-            index = index_of.get(id(parameter))
-            if index is None:
-                raise InvalidArgumentError(
-                    f"set_gradient_masks: a parameter of shape {tuple(parameter.shape)} "
-                    f"that this ShardedOptimizer does not step")
-            if mask is None:
-                continue
-            name = self.parameter_names[index]
-            if tuple(mask.shape) != tuple(parameter.shape):
-                raise InvalidArgumentError(
-                    f"set_gradient_masks: the mask of {name!r} has shape "
-                    f"{tuple(mask.shape)}; the parameter has {tuple(parameter.shape)}")
-            flags = (mask.detach() != 0).cpu().numpy().reshape(-1)
-            if flags.all():
-                continue
-            if parameter.device.type != "cpu":
-                raise InvalidArgumentError(
-                    f"set_gradient_masks: {name!r} is on {parameter.device}; pruning-aware "
-                    f"buckets are for host parameters")
-            kept[index] = np.flatnonzero(flags)
+        kept = [None if array is None or array.all() else np.flatnonzero(array.reshape(-1))
+                for array in host_masks(masks, list(zip(self.parameter_names, self.parameters)),
+                                        "steps")]
         if self._started:
             raise UsageError("set_gradient_masks() was called while gradients are being "
                              "reduced; call it before backward() or after step()")

@@ -17,7 +17,7 @@ bfloat16 parameters (see :mod:`~ringtrain.trainer.master_weights`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -174,23 +174,7 @@ class TorchDistributedOptimizer(WrappedOptimizerView, SynchronizedSteps, torch.o
                 buckets are for host gradients).
             UsageError: called between ``backward()`` and ``step()``.
         """
-        index_of = {id(p): i for i, (_, p) in enumerate(self._parameters)}
-        arrays: list[Any] = [None] * len(self._parameters)
-        for parameter, mask in masks:
-            index = index_of.get(id(parameter))
-            if index is None:
-                raise InvalidArgumentError(
-                    f"{subject('set_gradient_masks', None)}: a parameter of shape "
-                    f"{tuple(parameter.shape)} is not one this optimizer reduces")
-            if mask is None:
-                continue
-            array = (mask.detach() != 0).cpu().numpy()
-            if parameter.device.type != "cpu" and not array.all():
-                raise InvalidArgumentError(
-                    f"{subject('set_gradient_masks', self._parameters[index][0])}: the "
-                    f"parameter is on {parameter.device}; pruning-aware buckets reduce host "
-                    f"gradients")
-            arrays[index] = array
+        arrays = host_masks(masks, self._parameters, "reduces")
         self._reducer.set_masks(arrays)
 
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
@@ -394,3 +378,37 @@ def _numpy_spec(name: str, parameter: torch.Tensor) -> np.ndarray:
             f"{parameter.dtype} cannot be reduced ({error}); use float32, float16 or "
             f"bfloat16") from None
     return np.empty(tuple(parameter.shape), dtype)
+
+
+def host_masks(masks: Iterable[tuple[torch.Tensor, torch.Tensor | None]],
+               named: Sequence[tuple[str, torch.Tensor]], verb: str) -> list[Any]:
+    """Each of the ``named`` parameters' mask in ``masks`` as a boolean array (kept:
+    True), or None where none is given; the masks checked.
+
+    Raises:
+        InvalidArgumentError: a parameter that is not one of ``named`` (the optimizer
+            does not ``verb`` it), a mask of another shape, or a mask that prunes a
+            parameter in GPU memory (pruning-aware buckets are for host memory).
+    """
+    index_of = {id(p): i for i, (_, p) in enumerate(named)}
+    arrays: list[Any] = [None] * len(named)
+    for parameter, mask in masks:
+        index = index_of.get(id(parameter))
+        if index is None:
+            raise InvalidArgumentError(
+                f"{subject('set_gradient_masks', None)}: a parameter of shape "
+                f"{tuple(parameter.shape)} is not one this optimizer {verb}")
+        if mask is None:
+            continue
+        name = named[index][0]
+        if tuple(mask.shape) != tuple(parameter.shape):
+            raise InvalidArgumentError(
+                f"{subject('set_gradient_masks', name)}: the mask has shape "
+                f"{tuple(mask.shape)}; the parameter has {tuple(parameter.shape)}")
+        array = (mask.detach() != 0).cpu().numpy()
+        if parameter.device.type != "cpu" and not array.all():
+            raise InvalidArgumentError(
+                f"{subject('set_gradient_masks', name)}: the parameter is on "
+                f"{parameter.device}; pruning-aware buckets are for host memory")
+        arrays[index] = array
+    return arrays
