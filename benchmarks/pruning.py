@@ -3,6 +3,7 @@ DistributedOptimizer buckets against pruning-aware ones.
 
     mpiexec -n 4 python benchmarks/pruning.py
     simhosts.sh mpiexec 2 2 python benchmarks/pruning.py --rounds 7      # 2 hosts x 2 ranks
+    simhosts.sh mpiexec 2 2 python benchmarks/pruning.py --optimizer sharded
 
 The model: ``--layers`` Linear(``--hidden``, ``--hidden``) with ReLU between (3 x 1024 x
 1024 by default: 12.6 MB of float32 gradients). For each sparsity of ``--sparsities`` a
@@ -14,9 +15,14 @@ every rank) and trained by a DistributedOptimizer (SGD, momentum 0.9) in two way
     pruned   the Pruner hands the masks to the optimizer: its buckets carry only the
              kept elements
 
-Columns: ``bytes`` = what each rank handed to the allreduces per step, as the reducer
-counts it; ``reduce ms`` = the gradient reduction alone (every gradient of the last
-backward pass marked ready, then ``wait()``; no compute); ``step ms`` = a whole step
+With ``--optimizer sharded`` the optimizer is a ShardedOptimizer (stage 1), whose pruned
+buckets reduce-scatter the kept gradients and allgather the kept parameters; its
+communication is spread over the backward pass and the step, so only whole steps are
+timed (``reduce ms`` shows ``-``).
+
+Columns: ``bytes`` = what each rank handed to the allreduces (reduce-scatters) per step,
+as the optimizer counts it; ``reduce ms`` = the gradient reduction alone (every gradient
+of the last backward pass marked ready, then ``wait()``; no compute); ``step ms`` = a whole step
 (``zero_grad``, forward, backward overlapped with the reduction, ``step``); ``x dense`` =
 pruned over dense at the same sparsity, in the same run, for the bytes, the reduction
 and the step; ``kept`` = the share of the weights left, the target for ``x dense`` of
@@ -54,7 +60,9 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per round")
     parser.add_argument("--first-bucket-bytes", type=int, default=1 << 20,
-                        help="the DistributedOptimizer's first bucket limit")
+                        help="the optimizer's first bucket limit")
+    parser.add_argument("--optimizer", choices=("distributed", "sharded"),
+                        default="distributed")
     return parser.parse_args()
 
 
@@ -67,10 +75,12 @@ class Configuration:
         for _ in range(args.layers):
             layers += [torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU()]
         self.model = torch.nn.Sequential(*layers[:-1])
-        self.optimizer = rt.DistributedOptimizer(
-            torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9),
-            named_parameters=self.model.named_parameters(),
-            first_bucket_bytes=args.first_bucket_bytes)
+        wrap = rt.DistributedOptimizer if args.optimizer == "distributed" else \
+            rt.ShardedOptimizer
+        self.optimizer = wrap(torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9),
+                              named_parameters=self.model.named_parameters(),
+                              first_bucket_bytes=args.first_bucket_bytes)
+        self.sharded = args.optimizer == "sharded"
         self.pruner = pruning.Pruner(self.model, optimizer=self.optimizer,
                                      shrink_communication=mode == "pruned")
         if sparsity:
@@ -83,6 +93,12 @@ class Configuration:
         self.optimizer.zero_grad()
         torch.nn.functional.mse_loss(self.model(self.inputs), self.targets).backward()
         self.optimizer.step()
+
+    @property
+    def bytes_per_step(self) -> int:
+        """What each rank hands to the reductions per step."""
+        return self.optimizer.bytes_per_step if self.sharded else \
+            self.optimizer.reducer.bytes_per_step
 
     def reduce(self) -> None:
         """Reduce the last backward pass's gradients again, with no compute."""
@@ -119,13 +135,15 @@ def main() -> None:
         rotated = order[round_index % len(order):] + order[:round_index % len(order)]
         for key in rotated:
             configuration = configurations[key]
-            times[key]["reduce"].append(timed(configuration.reduce, args.steps))
+            if not configuration.sharded:
+                times[key]["reduce"].append(timed(configuration.reduce, args.steps))
             times[key]["step"].append(timed(configuration.step, args.steps))
     if rt.rank() != 0:
         rt.shutdown()
         return
-    gradient_bytes = configurations[(sparsities[0], "dense")].optimizer.reducer.bytes_per_step
-    print(f"{rt.size()} ranks, {args.layers} x Linear({args.hidden}, {args.hidden}): "
+    gradient_bytes = configurations[(sparsities[0], "dense")].bytes_per_step
+    print(f"{rt.size()} ranks, {args.optimizer} optimizer, {args.layers} x "
+          f"Linear({args.hidden}, {args.hidden}): "
           f"{gradient_bytes / 1e6:.1f} MB of gradients; first bucket "
           f"{args.first_bucket_bytes:,} bytes; median of {args.rounds} rounds of "
           f"{args.steps} steps")
@@ -135,17 +153,20 @@ def main() -> None:
         pruner = configurations[(sparsity, "pruned")].pruner
         kept = 1.0 - pruner.sparsity()
         dense = configurations[(sparsity, "dense")]
-        dense_reduce = statistics.median(times[(sparsity, "dense")]["reduce"])
         dense_step = statistics.median(times[(sparsity, "dense")]["step"])
         for mode in MODES:
             configuration = configurations[(sparsity, mode)]
-            sent = configuration.optimizer.reducer.bytes_per_step
-            reduce_ms = statistics.median(times[(sparsity, mode)]["reduce"]) * 1e3
+            sent = configuration.bytes_per_step
             step_ms = statistics.median(times[(sparsity, mode)]["step"]) * 1e3
-            print(f"{sparsity:>8.2f} {kept:>6.3f} {mode:>7} {sent:>12,} {reduce_ms:>10.2f} "
-                  f"{step_ms:>9.2f} {sent / dense.optimizer.reducer.bytes_per_step:>14.3f} "
-                  f"{reduce_ms / 1e3 / dense_reduce:>15.3f} "
-                  f"{step_ms / 1e3 / dense_step:>13.3f}")
+            if configuration.sharded:
+                reduce_ms, reduce_ratio = "-", "-"
+            else:
+                reduce_s = statistics.median(times[(sparsity, mode)]["reduce"])
+                dense_reduce = statistics.median(times[(sparsity, "dense")]["reduce"])
+                reduce_ms, reduce_ratio = f"{reduce_s * 1e3:.2f}", f"{reduce_s / dense_reduce:.3f}"
+            print(f"{sparsity:>8.2f} {kept:>6.3f} {mode:>7} {sent:>12,} {reduce_ms:>10} "
+                  f"{step_ms:>9.2f} {sent / dense.bytes_per_step:>14.3f} "
+                  f"{reduce_ratio:>15} {step_ms / 1e3 / dense_step:>13.3f}")
     rt.shutdown()
 
 
