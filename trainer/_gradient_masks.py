@@ -10,6 +10,7 @@ of the zero gradients of pruned weights gives, whatever a rank held there).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -52,13 +53,16 @@ def kept_elements(name: str, shape: tuple[int, ...], mask: Any) -> KeptElements 
     return None if mask.all() else KeptElements(mask)
 
 
-def kept_digest(kept: list[KeptElements | None]) -> str:
-    """A short digest of which elements of a bucket's gradients travel (None: all)."""
+def kept_name(name: str, kept: Sequence[np.ndarray | None]) -> str:
+    """``name`` of a bucket with a digest of which elements of its members travel (each
+    member's kept flat indices; None: all). The collectives compare the names, so ranks
+    whose masks differ fail the bucket on every rank, also where the masks keep as many
+    elements."""
     digest = hashlib.blake2b(digest_size=4)
-    for elements in kept:
-        digest.update(b"all" if elements is None else elements.kept.tobytes())
+    for indices in kept:
+        digest.update(b"all" if indices is None else indices.tobytes())
         digest.update(b"|")
-    return digest.hexdigest()
+    return f"{name}, kept elements {digest.hexdigest()}"
 
 
 def gather_kept(gradient: np.ndarray, kept: KeptElements | None, out: np.ndarray) -> None:

@@ -38,8 +38,8 @@ from ..kernels.dispatch import dtype_of
 from ..kernels.layout import DEFAULT_ALIGNMENT_BYTES
 from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec, assign_buckets
 from ._buckets import fusion_threshold as resolve_fusion_threshold
-from ._gradient_masks import (KeptElements, gather_kept, kept_digest, kept_elements,
-                             scatter_kept)
+from ._gradient_masks import (KeptElements, gather_kept, kept_elements, kept_name,
+                              scatter_kept)
 from ._names import repeated_names
 
 _COLLECTIVE = "allreduce_"
@@ -73,9 +73,8 @@ class Bucket:
             # Kept elements one gradient after the other: the bytes sent are theirs alone.
             sizes = [specs[i].nbytes // dtype.itemsize if k is None else k.count
                      for i, k in zip(members, self.kept)]
-            # The collectives compare the name: masks that differ across ranks fail the
-            # bucket on every rank, also where they keep as many elements.
-            self.name += f", kept elements {kept_digest(self.kept)}"
+            self.name = kept_name(self.name, [None if k is None else k.kept
+                                              for k in self.kept])
             self.layout = FusionLayout([(n,) for n in sizes], dtype, dtype.itemsize)
         else:
             # A gradient alone is reduced where it lies when it is contiguous, so its
@@ -226,7 +225,7 @@ class GradientReducer:
                        for bucket in self.buckets]
         self._device_plans: dict[int, Any] = {}
         self._wire_bytes = [bucket.layout.total_size * wire_itemsize(compression,
-                                                                      bucket.layout.dtype)
+                                                                     bucket.layout.dtype)
                             for bucket in self.buckets]
 
     def set_masks(self, masks: Sequence[Any]) -> None:

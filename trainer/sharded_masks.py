@@ -13,12 +13,12 @@ at their places, zeros at the pruned ones.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from ._gradient_masks import kept_name
 from .sharded_partition import ShardBucket
 
 
@@ -36,9 +36,8 @@ class KeptBucket:
         splits: how many kept elements fall in each rank's chunk (the reduce-scatter's
             splits, and the allgather's row counts).
         count: how many elements travel.
-        name: the bucket's name with a digest of its kept elements: the collectives
-            compare it, so ranks whose masks differ get a MismatchError naming the
-            bucket, also where their masks keep as many elements.
+        name: the bucket's name with a digest of its kept elements (see
+            :func:`~ringtrain.trainer._gradient_masks.kept_name`).
     """
 
     def __init__(self, bucket: ShardBucket, kept: Sequence[np.ndarray | None],
@@ -49,8 +48,7 @@ class KeptBucket:
         cuts = np.searchsorted(positions, bucket.bounds)
         self.splits = np.diff(cuts).tolist()
         self.count = int(positions.size)
-        digest = hashlib.blake2b(positions.tobytes(), digest_size=4).hexdigest()
-        self.name = f"{bucket.name}, kept elements {digest}"
+        self.name = kept_name(bucket.name, kept)
         self._positions = torch.from_numpy(positions)
         self._own = torch.from_numpy(positions[cuts[rank]:cuts[rank + 1]] - bucket.bounds[rank])
         self._chunk_size = bucket.bounds[rank + 1] - bucket.bounds[rank]
