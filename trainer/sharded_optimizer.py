@@ -178,8 +178,9 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
                 for array in host_masks(masks, list(zip(self.parameter_names, self.parameters)),
                                         "steps")]
         if self._started:
-            raise UsageError("set_gradient_masks() was called while gradients are being "
-                             "reduced; call it before backward() or after step()")
+            raise UsageError(f"rank {self.shard_rank}: set_gradient_masks() was called while "
+                             f"gradients are being reduced; call it before backward() or "
+                             f"after step()")
         self._kept = [
             None if all(kept[m] is None for m in bucket.members) else
             KeptBucket(bucket, [kept[m] for m in bucket.members],
@@ -207,8 +208,8 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
         index = next((i for i, p in enumerate(self.parameters) if p is parameter), None)
         if index is None:
             raise InvalidArgumentError(
-                f"mask_elements: a parameter of shape {tuple(parameter.shape)} that this "
-                f"ShardedOptimizer does not step")
+                f"rank {self.shard_rank}: mask_elements: a parameter of shape "
+                f"{tuple(parameter.shape)} that this ShardedOptimizer does not step")
         flat = mask.detach().reshape(-1)
         with torch.no_grad():
             for piece, shard in zip(self.pieces, self.shards):
