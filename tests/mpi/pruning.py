@@ -375,6 +375,13 @@ def sharded_buckets_carry_only_the_kept_elements_both_ways():
     finally:
         for name, original in originals.items():
             setattr(sharded_optimizer, f"{name}_async", original)
+    expect_raises(rt.InvalidArgumentError, optimizer.mask_elements, torch.zeros(3),
+                  torch.ones(3), match=[f"rank {rt.rank()}", "mask_elements", "(3,)"])
+    inputs, targets = batch(9, source=rt.rank())
+    torch.nn.functional.mse_loss(model(inputs), targets).backward()
+    expect_raises(rt.UsageError, optimizer.set_gradient_masks, [], match=[
+        f"rank {rt.rank()}", "set_gradient_masks() was called while gradients are being"])
+    optimizer.step()
 
 
 @check(min_size=2)
