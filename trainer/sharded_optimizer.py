@@ -444,13 +444,18 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
         kept = self._kept[bucket.index]
         if kept is not None:
             buffer = kept.pack(buffer)
-        handle = reducescatter_async(buffer, op=Average,
-                                     name=bucket.name if kept is None else kept.name,
+        handle = reducescatter_async(buffer, op=Average, name=self._name_of(bucket),
                                      process_set=self.process_set,
                                      compression=self.compression,
                                      splits=None if kept is None else kept.splits)
         self._launched.append((bucket.index, handle))
         self._next_launch += 1
+
+    def _name_of(self, bucket: ShardBucket) -> str:
+        """The name ``bucket``'s collectives carry (with the digest of its kept elements
+        where masks apply)."""
+        kept = self._kept[bucket.index]
+        return bucket.name if kept is None else kept.name
 
     def _round_masters_into_model(self) -> None:
         with torch.no_grad():
@@ -474,8 +479,7 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
                 chunk = torch.empty(0, dtype=first.dtype, device=first.device)
             kept = self._kept[index]
             handles.append(allgather_async(chunk if kept is None else kept.own(chunk),
-                                           name=f"{bucket.name if kept is None else kept.name}"
-                                                f" parameters",
+                                           name=f"{self._name_of(bucket)} parameters",
                                            process_set=self.process_set))
 
         if buckets:
