@@ -120,6 +120,8 @@ class _AllgatherPlan:
         chosen: the algorithm (``native`` for device memory handed to MPI; ``auto``
             resolved once the ranks' row counts are known).
         call: the signature the ranks compare.
+        gather_layout: ``layout`` where the rows may take the hierarchical algorithm
+            (it is then part of ``call``), else None.
         gather: how the ranks' row counts, and their rows where they fit, travel in the
             agreement's messages (``recursive_doubling``), or None.
         count: this rank's row count, as the gather's words.
@@ -154,19 +156,27 @@ class _AllgatherPlan:
             # on the layout and the row size, which all ranks share.
             chosen = "recursive_doubling"
         self.chosen = chosen
-        extra = {"layout": layout.describe(), "segment_bytes": settings.segment_bytes} \
-            if chosen == "hierarchical" or chosen == "auto" and layout.pays_off else {}
+        if chosen == "recursive_doubling":
+            self.even_choice = auto_choice("allgather", array.nbytes * group.size,
+                                           group.size, settings, layout)
+        # The layout where the rows may go the hierarchical way (a signature field, so
+        # that ranks whose layouts differ fail instead of waiting), else None.
+        self.gather_layout = layout if chosen == "hierarchical" or layout.pays_off and (
+            chosen == "auto" or chosen == "recursive_doubling"
+            and self.even_choice == "hierarchical") else None
+        extra = {} if self.gather_layout is None else \
+            {"layout": layout.describe(), "segment_bytes": settings.segment_bytes}
         self.call = Call(collective="allgather", name=name, dtype=array.dtype,
                          algorithm=chosen, **{"shape[1:]": row_shape}, **extra)
         if chosen == "recursive_doubling":
             rows = array.shape[0] if array.shape else 1
-            self.gather = CarriedGather(group, self.call, 1, array.nbytes)
+            # The rows ride where the table takes recursive doubling for their size.
+            self.gather = CarriedGather(group, self.call, 1, array.nbytes
+                                        if self.even_choice == "recursive_doubling" else 0)
             self.count = np.array([rows], np.int64)
             self.counts = [[rows]] * group.size
             self.even_shape = (rows * group.size, *row_shape)
             self.even_sizes = [array.nbytes] * group.size
-            self.even_choice = auto_choice("allgather", array.nbytes * group.size,
-                                           group.size, settings, layout)
             if not self.gather.carries_data and self.even_choice == "native":
                 self.checked = checked_collective(group, self.call, ALLGATHER, BYTES,
                                                   array.nbytes, words=self.count)
@@ -244,4 +254,6 @@ def _carried(plan: _AllgatherPlan, array: np.ndarray) -> np.ndarray:
                 _native.allgather(plan.group, mine, output.reshape(-1).view(np.uint8),
                                   plan.even_sizes)
                 return output
-    return gather_rows(plan.group, rows, plan.row_shape, "auto", counts=counts[:, 0])[0]
+    return gather_rows(plan.group, rows, plan.row_shape, "auto", plan.gather_layout,
+                       plan.settings.segment_bytes, settings=plan.settings,
+                       counts=counts[:, 0])[0]

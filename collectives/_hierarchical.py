@@ -40,6 +40,16 @@ gathered on its first rank (the leader), the leaders run one ring allreduce, and
 leader broadcasts the result on its node. Same bytes across nodes, but one rank per
 node does all of the inter-node work.
 
+reducescatter ``hierarchical``, on nodes of equal size L (local index i, the i-th rank
+of every node, forming column i): the ranks' blocks are regrouped by column (column i's
+blocks side by side, in node order: one copy of n bytes), a ring reduce-scatter inside
+each node leaves local index i with its node's sum of column i's blocks, and a ring
+reduce-scatter among column i's ranks (one per node) reduces those across the nodes,
+each rank keeping its own block. A node's link carries (N-1)/N * n in each direction
+(spread over its L ranks), where a flat ring over all N*L ranks in node order carries
+(NL-1)/(NL) * n through one rank of each node (N = 2, L = 2: n/2 against 3n/4).
+Scratch: n + n/L bytes, kept in the node group.
+
 broadcast ``hierarchical``: the root passes the message to its node's leader, the
 leaders broadcast it among themselves (pipelined chain or binomial tree), and each
 leader broadcasts it on its node: every node receives n bytes once.
@@ -58,6 +68,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import accumulate
 
 from mpi4py import MPI
 import numpy as np
@@ -428,6 +439,55 @@ def allgather(group: Group, hierarchy: Hierarchy, data: np.ndarray, bounds: list
         for rank in range(group.size):
             at = position[rank]
             data[bounds[rank]:bounds[rank + 1]] = packed[packed_bounds[at]:packed_bounds[at + 1]]
+
+
+def reduce_scatter(hierarchy: Hierarchy, source: np.ndarray, own: np.ndarray,
+                   bounds: list[int], combine: Combine, finish: Finish | None,
+                   segment_bytes: int) -> None:
+    """Write into ``own`` the reduction over all ranks of this rank's block of 1-D
+    ``source`` (group rank r's block: ``bounds[r]:bounds[r+1]``), inside each node,
+    then between the nodes, column by column (see the module's note; nodes of equal
+    size only).
+
+    Args:
+        hierarchy: the layout's communicators (a uniform layout).
+        combine: reduces two ranks' values.
+        finish: applied once to each reduced element of ``own``, or None.
+        segment_bytes: largest message of the rings.
+    """
+    layout, local = hierarchy.layout, hierarchy.local
+    columns = [[members[i] for members in layout.nodes] for i in range(local.size)]
+    sizes = [bounds[r + 1] - bounds[r] for r in range(len(bounds) - 1)]
+    column_bounds = [0, *accumulate(sum(sizes[r] for r in column) for column in columns)]
+    mine = columns[hierarchy.local_index]
+    order = [rank for column in columns for rank in column]
+    packed = source
+    if order != sorted(order):
+        packed = local.scratch.get("hierarchical.columns", source.nbytes)[:source.nbytes] \
+            .view(source.dtype)
+        with phase("regroup by column", bytes=source.nbytes):
+            at = 0
+            for rank in order:
+                packed[at:at + sizes[rank]] = source[bounds[rank]:bounds[rank + 1]]
+                at += sizes[rank]
+    start, end = column_bounds[hierarchy.local_index], column_bounds[hierarchy.local_index + 1]
+    node_sum = packed[start:end]
+    if local.size > 1:
+        node_sum = local.scratch.get("hierarchical.column sum", node_sum.nbytes)[
+            :node_sum.nbytes].view(source.dtype)
+        with phase("intra-node reduce-scatter", bytes=source.nbytes):
+            _ring.reduce_scatter(local, packed, node_sum, column_bounds, combine, None,
+                                 segment_bytes)
+    cross = hierarchy.cross[0]
+    with phase("inter-node reduce-scatter", bytes=node_sum.nbytes):
+        if cross.size > 1:
+            cross_bounds = [0, *accumulate(sizes[rank] for rank in mine)]
+            _ring.reduce_scatter(cross, node_sum, own, cross_bounds, combine, finish,
+                                 segment_bytes)
+        else:
+            own[:] = node_sum
+            if finish is not None:
+                finish(own)
 
 
 def _unwire(wire: Wire | None, data: np.ndarray, out: np.ndarray) -> None:

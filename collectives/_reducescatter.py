@@ -12,7 +12,7 @@ import numpy as np
 from ..kernels import Compression, Compressor, abs_max, encoding_of, reducer
 from ..kernels.host import scale_into
 from ..kernels.reduction import Combine
-from . import _native, _recursive_doubling, _ring, timeline
+from . import _hierarchical, _native, _recursive_doubling, _ring, timeline
 from ._agreement import (PAYLOAD_CAPACITY, Call, CarriedReduction, CheckedCollective,
                          agree, checked_collective, checked_ring)
 from ._compiled_exchange import REDUCE_SCATTER
@@ -32,7 +32,7 @@ from ._process_sets import ProcessSet, resolve_group
 from ._result_pool import RESULTS
 from ._group import Group
 from ._selection import reducescatter_algorithm
-from ._topology import layout_of
+from ._topology import NodeLayout, hierarchy_for, layout_of
 from .config import current_settings
 from .errors import InvalidArgumentError, subject
 
@@ -53,10 +53,13 @@ def reducescatter(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str
         tensor: this rank's array, at least 1-D; same shape and dtype on every rank.
         op, name, prescale_factor, postscale_factor, process_set: as for
             :func:`~ringtrain.allreduce`.
-        algorithm: ``ring``, ``native`` or ``auto``.
+        algorithm: ``ring``, ``hierarchical``, ``recursive_doubling``, ``native`` or
+            ``auto`` (``hierarchical``: inside the nodes, then between them; on nodes
+            of unequal size the ring).
         compression: ``Compression.fp16`` or ``Compression.bf16`` send float32 tensors
             as 16-bit floats, as :func:`~ringtrain.allreduce` does (the result is
-            float32); a compressed reduce-scatter runs the ring.
+            float32); a compressed reduce-scatter runs the ring, or ``hierarchical``
+            where ``auto`` or the call chooses it.
         splits: the rows each rank keeps, in rank order (non-negative integers summing
             to ``tensor.shape[0]``; zeros allowed); the same on every rank.
 
@@ -100,9 +103,10 @@ class _ReducescatterPlan:
 
     Attributes:
         group, settings, op: the call's, resolved.
+        layout: the group's nodes (None for device memory handed to MPI).
         compressor: the compressor of the wire (host float32 arrays), or None.
         chosen: the algorithm (``native`` for device memory handed to MPI; ``ring``
-            when compressed).
+            or ``hierarchical`` when compressed).
         call: the signature the ranks compare.
         rows: the first row of each rank's share, and the number of rows at the end.
         bounds, counts: each rank's share in elements of the flat array.
@@ -151,12 +155,16 @@ class _ReducescatterPlan:
         self.bounds = bounds = [r * row for r in rows]
         self.counts = [bounds[r + 1] - bounds[r] for r in range(group.size)]
         self.share_shape = (rows[group.rank + 1] - rows[group.rank], *array.shape[1:])
+        self.layout = None if on_device else layout_of(group, settings)
         if compressor is not None:
-            self.chosen = "ring"
+            chosen = reducescatter_algorithm(algorithm, array.nbytes, group.size, settings,
+                                             name, self.layout)
+            self.chosen = chosen = chosen if chosen == "hierarchical" else "ring"
             self.call = Call(collective="reducescatter", name=name, op=op.name,
-                             dtype=array.dtype, shape=array.shape, algorithm="ring",
+                             dtype=array.dtype, shape=array.shape, algorithm=chosen,
                              segment_bytes=settings.segment_bytes,
-                             compression=compressor.name, **given)
+                             compression=compressor.name, **given,
+                             **_layout_field(chosen, self.layout))
             self.combine = reducer(op.value, compressor.wire_dtype, compressor.encoding)
             self.finish: Finisher | None = None
             return
@@ -167,11 +175,13 @@ class _ReducescatterPlan:
                              memory=AWARE, compression=compression.name, **given)
         else:
             self.chosen = chosen = reducescatter_algorithm(
-                algorithm, array.nbytes, group.size, settings, name, layout_of(group, settings))
+                algorithm, array.nbytes, group.size, settings, name, self.layout)
             self.call = Call(collective="reducescatter", name=name, op=op.name,
                              dtype=array.dtype, shape=array.shape, algorithm=chosen,
-                             segment_bytes=settings.segment_bytes if chosen == "ring"
-                             else None, compression=compression.name, **given)
+                             segment_bytes=settings.segment_bytes
+                             if chosen in ("ring", "hierarchical") else None,
+                             compression=compression.name, **given,
+                             **_layout_field(chosen, self.layout))
         self.combine = reducer(op.value, array.dtype)
         self.finish = finisher(group.size if op is ReduceOp.Average else 1, postscale_factor,
                                array.dtype)
@@ -250,9 +260,9 @@ def _reduced(plan: _ReducescatterPlan, memory: Any, source: Any, like: Any,
         checked.run(start, result)
         memory.finish(output, plan.finish_checked)
         return output
-    if chosen == "ring" and group.size > 1:
-        _ring.reduce_scatter(group, memory.for_mpi(start), memory.for_mpi(result),
-                             plan.bounds, plan.combine, plan.finish, segment_bytes)
+    if chosen in ("ring", "hierarchical") and group.size > 1:
+        _scatter_reduced(plan, memory.for_mpi(start), memory.for_mpi(result), plan.combine,
+                         plan.finish)
         return output
     elif group.size == 1:
         memory.copy(start, result)
@@ -284,13 +294,30 @@ def _compressed(plan: _ReducescatterPlan, source: np.ndarray, name: str | None,
     own = bounds[group.rank + 1] - bounds[group.rank]
     reduced = HOST.scratch("wire share", own, compressor.wire_dtype)
     if group.size > 1:
-        _ring.reduce_scatter(group, wire, reduced, bounds, plan.combine, None,
-                             plan.settings.segment_bytes)
+        _scatter_reduced(plan, wire, reduced, plan.combine, None)
     else:
         reduced[:] = wire
     output = RESULTS.empty(plan.share_shape, source.dtype)
     compressor.decode(reduced, output.reshape(-1), postscale_factor / (scale * divisor))
     return output
+
+
+def _scatter_reduced(plan: _ReducescatterPlan, source: np.ndarray, own: np.ndarray,
+                     combine: Combine, finish: Finisher | None) -> None:
+    """The data phase of the ring or the hierarchical reduce-scatter (as ``plan``
+    chose) of flat host ``source`` into this rank's share ``own``."""
+    if plan.chosen == "hierarchical":
+        _hierarchical.reduce_scatter(hierarchy_for(plan.group, plan.layout), source, own,
+                                     plan.bounds, combine, finish,
+                                     plan.settings.segment_bytes)
+    else:
+        _ring.reduce_scatter(plan.group, source, own, plan.bounds, combine, finish,
+                             plan.settings.segment_bytes)
+
+
+def _layout_field(chosen: str, layout: NodeLayout | None) -> dict[str, str]:
+    """The layout, as the ranks compare it, of a call that runs on it."""
+    return {"layout": layout.describe()} if chosen == "hierarchical" else {}
 
 
 def _key(on_device: bool, array: Any, op: Any, name: str | None, prescale_factor: float,

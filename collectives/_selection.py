@@ -10,10 +10,11 @@ ring on one node (MPI's own between nodes). Device tensors of ranks on one node 
 reduced on the GPUs through CUDA IPC (``ipc``) from ``ipc_min_bytes`` on.
 ``algorithm=`` on a call, then the ``*_algorithm`` settings, override the choice.
 
-When the ranks span several nodes and some node holds more than one of them, allreduce
-and broadcast of at least ``hierarchical_min_bytes`` that no tuned range covers use the
-``hierarchical`` algorithm (see ``_hierarchical``): it sends each byte across nodes once
-per node rather than once per rank.
+When the ranks span several nodes and some node holds more than one of them, allreduce,
+broadcast, allgather and reducescatter of at least ``hierarchical_min_bytes`` that no
+tuned range covers use the ``hierarchical`` algorithm (see ``_hierarchical``): it sends
+each byte across nodes once per node rather than once per rank (reducescatter on nodes
+of equal size; on others it takes the ring).
 """
 
 from __future__ import annotations
@@ -144,8 +145,12 @@ def reducescatter_algorithm(algorithm: str | None, nbytes: int, size: int,
     """Choose the reducescatter algorithm (``nbytes``: the whole input; ``layout``: the
     group's nodes, if known)."""
     choice = requested("reducescatter", algorithm, settings, name)
-    return auto_choice("reducescatter", nbytes, size, settings, layout) \
-        if choice == "auto" else choice
+    if choice == "auto":
+        choice = auto_choice("reducescatter", nbytes, size, settings, layout)
+    if choice == "hierarchical" and (layout is None or not layout.uniform):
+        # Its columns need nodes of equal size; the ring moves the same data flat.
+        return "ring"
+    return choice
 
 
 def auto_choice(collective: str, nbytes: int, size: int, settings: Settings,
@@ -154,8 +159,10 @@ def auto_choice(collective: str, nbytes: int, size: int, settings: Settings,
     nccl-tests' convention (see :mod:`.tuning`). allgather and alltoall, whose sizes
     differ between ranks, call it once the ranks have exchanged their sizes (their
     signatures carry ``auto``): the ranks' tuning tables were found equal at init, so
-    they resolve it alike."""
-    return _table_choice(collective, nbytes, size, settings, layout, False)
+    they resolve it alike. Across nodes, allgather and reducescatter take
+    ``hierarchical`` as allreduce does; alltoall, which has none, never."""
+    return _table_choice(collective, nbytes, size, settings, layout,
+                         collective != "alltoall")
 
 
 def _table_choice(collective: str, nbytes: int, size: int, settings: Settings,
@@ -167,9 +174,12 @@ def _table_choice(collective: str, nbytes: int, size: int, settings: Settings,
             nbytes >= settings.hierarchical_min_bytes:
         return "hierarchical"
     chosen = default_choice(collective, nbytes, size, settings)
-    if chosen == "ring" and layout is not None and len(layout.nodes) > 1:
+    if chosen == "ring" and collective == "allreduce" and layout is not None and \
+            len(layout.nodes) > 1:
         # The built-in table's ring was measured on one node; between nodes MPI's own
-        # was as fast (one rank a node) or faster (several: fewer steps on the links).
+        # allreduce was as fast (one rank a node) or faster (several: fewer steps on the
+        # links). Its reduce-scatter was not: as fast with one rank a node, slower with
+        # several (recursive halving sends more across the links than the ring).
         return "native"
     return chosen
 

@@ -329,7 +329,7 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
     "broadcast": ("auto", "pipeline", "binomial", "recursive_doubling", "hierarchical",
                   "native"),
     "allgather": ("auto", "ring", "recursive_doubling", "hierarchical", "native"),
-    "reducescatter": ("auto", "ring", "recursive_doubling", "native"),
+    "reducescatter": ("auto", "ring", "recursive_doubling", "hierarchical", "native"),
     "alltoall": ("auto", "recursive_doubling", "pairwise", "native"),
 }
 """The algorithms each collective offers; ``auto`` picks by message and world size."""

@@ -264,7 +264,8 @@ def test_algorithm_table():
                                             "hierarchical", "native"}
     assert set(ALGORITHMS["allgather"]) == {"auto", "ring", "recursive_doubling",
                                             "hierarchical", "native"}
-    assert set(ALGORITHMS["reducescatter"]) == {"auto", "ring", "recursive_doubling", "native"}
+    assert set(ALGORITHMS["reducescatter"]) == {"auto", "ring", "recursive_doubling",
+                                                "hierarchical", "native"}
     assert set(ALGORITHMS["alltoall"]) == {"auto", "recursive_doubling", "pairwise", "native"}
     assert rt.ALGORITHMS is ALGORITHMS
 

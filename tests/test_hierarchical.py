@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from mpi_launch import ROOT, run_mpi
-from ringtrain.collectives._selection import allreduce_algorithm, broadcast_algorithm
+from ringtrain.collectives._selection import (allreduce_algorithm, auto_choice,
+                                              broadcast_algorithm, reducescatter_algorithm)
 from ringtrain.collectives.tuning import default_choice
 from ringtrain.collectives._topology import NodeLayout
 from ringtrain.collectives.config import Settings
@@ -76,6 +77,28 @@ def test_auto_goes_hierarchical_only_across_nodes_and_above_the_threshold(sizes,
                                shape) == "ring"
 
 
+@pytest.mark.parametrize("sizes, pays", [((4,), False), ((1, 1, 1), False), ((2, 2), True),
+                                         ((2, 1), True), ((3, 3, 3), True)])
+def test_auto_gathers_and_scatters_hierarchically_only_across_nodes(sizes, pays):
+    settings = Settings(hierarchical_min_bytes=1 << 20)
+    shape = layout(*sizes)
+    size = sum(sizes)
+    gathered = auto_choice("allgather", 1 << 20, size, settings, shape)
+    assert gathered == ("hierarchical" if pays else
+                        default_choice("allgather", 1 << 20, size, settings))
+    assert auto_choice("allgather", (1 << 20) - 1, size, settings, shape) != "hierarchical"
+    # reducescatter's columns need equal nodes: on others the ring moves the same data flat
+    scattered = reducescatter_algorithm(None, 1 << 20, size, settings, "t", shape)
+    if pays:
+        assert scattered == ("hierarchical" if shape.uniform else "ring")
+    else:
+        assert scattered != "hierarchical"
+    assert reducescatter_algorithm("hierarchical", 8, size, settings, "t", shape) == \
+        ("hierarchical" if shape.uniform else "ring")
+    assert reducescatter_algorithm("native", 1 << 20, size, settings, "t", shape) == "native"
+    assert auto_choice("alltoall", 1 << 20, size, settings, shape) != "hierarchical"
+
+
 # --------------------------------------------------------------------------- pretend nodes
 
 @pytest.mark.parametrize("nprocs, node_size", [(1, 2), (3, 2), (4, 2), (4, 3)],
@@ -83,7 +106,7 @@ def test_auto_goes_hierarchical_only_across_nodes_and_above_the_threshold(sizes,
 def test_pretend_nodes(nprocs, node_size):
     output = run_mpi("hierarchical", nprocs, timeout=TIMEOUT,
                      env={"RINGTRAIN_NODE_SIZE": str(node_size)})
-    assert "all 11 checks passed" in output, output
+    assert "all 13 checks passed" in output, output
 
 
 # --------------------------------------------------------------------------- simulated hosts
@@ -150,7 +173,7 @@ def test_two_hosts_of_two_ranks(tmp_path):
     with simulated_hosts(2, [2, 2], tmp_path) as environment:
         output = run_mpi("hierarchical", 4, timeout=TIMEOUT, env=environment)
         assert "layout 2+2 (shared memory)" in output, output
-        assert "all 11 checks passed" in output
+        assert "all 13 checks passed" in output
         output = run_mpi("hierarchical_hosts", 4, timeout=TIMEOUT, env=environment)
         assert "all 1 checks passed" in output, output
 
@@ -159,4 +182,4 @@ def test_three_uneven_hosts(tmp_path):
     with simulated_hosts(3, [2, 1, 2], tmp_path) as environment:
         output = run_mpi("hierarchical", 5, timeout=TIMEOUT, env=environment)
         assert "layout 2+1+2 (shared memory)" in output, output
-        assert "all 11 checks passed" in output
+        assert "all 13 checks passed" in output

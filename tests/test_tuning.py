@@ -79,7 +79,7 @@ def test_the_call_and_the_settings_override_the_table(table):
                                    "t") == "ring"
 
 
-def test_the_built_in_ring_is_for_one_node_and_mpi_takes_over_between_nodes():
+def test_the_built_in_allreduce_ring_is_for_one_node_and_mpi_takes_over_between_nodes():
     from test_hierarchical import layout
     above = SETTINGS.recursive_doubling_max_bytes + 1
     assert allreduce_algorithm(None, above, 4, SETTINGS, "t", layout(4)) == "ring"
@@ -89,7 +89,9 @@ def test_the_built_in_ring_is_for_one_node_and_mpi_takes_over_between_nodes():
                                layout(2, 2)) == "hierarchical"
     big = tuning.RING_REDUCESCATTER_MIN_BYTES + 1
     assert reducescatter_algorithm(None, big, 4, SETTINGS, "t", layout(4)) == "ring"
-    assert reducescatter_algorithm(None, big, 4, SETTINGS, "t", layout(2, 2)) == "native"
+    # the reduce-scatter's ring stays between nodes (MPI's own was slower there)
+    assert reducescatter_algorithm(None, big, 4, SETTINGS, "t", layout(2, 2)) == "ring"
+    assert reducescatter_algorithm(None, big, 2, SETTINGS, "t", layout(1, 1)) == "ring"
     assert reducescatter_algorithm(None, big, 4, SETTINGS, "t") == "ring"  # layout unknown
 
 
@@ -219,6 +221,8 @@ def test_tune_measures_every_algorithm_and_merges_equal_winners():
     assert candidates("allreduce", False) == ("ring", "recursive_doubling", "native")
     assert "node_leader" in candidates("allreduce", True)
     assert candidates("alltoall", True) == ("recursive_doubling", "pairwise", "native")
+    assert "hierarchical" in candidates("reducescatter", True)
+    assert "hierarchical" not in candidates("reducescatter", False)
     assert ranges_of([(16, "ring"), (64, "ring"), (256, "native"), (1024, "ring")], 512) == (
         Range(64, "ring", 512), Range(256, "native"), Range(1024, "ring", 512))
     seconds = {"ring": 1.0, "native": 1.04, "recursive_doubling": 2.0}

@@ -12,6 +12,8 @@ from ringtrain.collectives._allgather import _AllgatherPlan
 from ringtrain.collectives._alltoall import _AlltoallPlan
 from ringtrain.collectives._reducescatter import _ReducescatterPlan
 from ringtrain.collectives._ring import reduce_scatter as python_reduce_scatter
+from ringtrain.collectives._selection import auto_choice
+from ringtrain.collectives._topology import layout_of
 from ringtrain.collectives._world import world
 from _harness import (COPY_DTYPES, OPS, REDUCE_DTYPES, WORLD, assert_equal_arrays,
                       assert_reduced, check, configured, expect_raises, main, make_input,
@@ -396,6 +398,25 @@ def large_allgathers_and_alltoalls_check_and_move_in_one_compiled_call():
         assert_equal_arrays(rt.allgather(np.full((50000, 3), me, np.int32), name="after"),
                             np.repeat(np.arange(k, dtype=np.int32), 50000)[:, None]
                             .repeat(3, axis=1), "an allgather after the mismatches")
+
+
+@check()
+def allgather_rows_ride_in_the_agreement_only_where_the_table_says_so():
+    """``auto``'s rows ride, zero-padded, in the agreement's recursive doubling only
+    where the tuning table takes recursive doubling for the gathered size; above it (16
+    KiB of rows a rank here, under the messages' capacity) MPI's own allgather moves
+    them, in the same compiled call as the check."""
+    k, me = rt.size(), rt.rank()
+    settings = rt.current_settings()
+    for row_count in (4, 4096):
+        inputs = [make_input(r, (row_count,), np.float32, None, "ride") for r in range(k)]
+        plan = _AllgatherPlan(inputs[me], "ride", None, None, False)
+        rides = auto_choice("allgather", inputs[me].nbytes * k, k, settings,
+                            layout_of(world().group, settings)) == "recursive_doubling"
+        assert plan.gather.carries_data == rides, (row_count, plan.gather.carries_data)
+        assert (plan.checked is not None) == (k > 1 and not rides), row_count
+        assert_equal_arrays(rt.allgather(inputs[me], name="ride"), np.concatenate(inputs),
+                            f"allgather of {row_count} rows a rank")
 
 
 @check()

@@ -13,7 +13,9 @@ import numpy as np
 from mpi4py import MPI
 
 import ringtrain as rt
+from ringtrain.collectives._allgather import _PLANS as ALLGATHER_PLANS
 from ringtrain.collectives._allreduce import allreduce_plan
+from ringtrain.collectives._reducescatter import _PLANS as REDUCESCATTER_PLANS
 from ringtrain.collectives._topology import layout_of
 from ringtrain.collectives._world import world
 from ringtrain.collectives.tuning import default_choice
@@ -26,6 +28,14 @@ ALGORITHMS = ["hierarchical", "node_leader"]
 
 def layout():
     return layout_of(world().group, rt.current_settings())
+
+
+def reducescatter_plans() -> list:
+    return list(REDUCESCATTER_PLANS._plans.values())
+
+
+def allgather_plans() -> list:
+    return list(ALLGATHER_PLANS._plans.values())
 
 
 def shapes() -> list[tuple[int, ...]]:
@@ -157,6 +167,90 @@ def auto_chooses_hierarchical_on_several_nodes() -> None:
         assert "layout" not in big.call.fields
 
 
+def uniform_node_sizes() -> list[int]:
+    """The node sizes (``node_size`` settings) that cut this world into equal nodes,
+    the layout in force (0) first."""
+    k = rt.size()
+    return [0] + [n for n in range(1, k + 1) if k % n == 0]
+
+
+@check
+def reducescatter_column_by_column() -> None:
+    """The hierarchical reduce-scatter on every layout of equal nodes this world has (and
+    the ring in its place on unequal ones): every dtype and op, uneven shares, splits
+    with empty shares, scales, 16-bit wires, several in flight."""
+    k, me = rt.size(), rt.rank()
+    for node_size in uniform_node_sizes():
+        with configured(node_size=node_size, segment_bytes=256):
+            where = f"layout {layout().describe()}"
+            for dtype in REDUCE_DTYPES:
+                for op in OPS:
+                    if op is rt.Average and dtype.kind in "iu":
+                        continue
+                    for shape in ((1,), (13,), (3, 5, 7), (37 * k + 1,)):
+                        x = make_input(me, shape, dtype, op, "rs")
+                        full = reduce_reference(all_inputs(range(k), shape, dtype, op, "rs"),
+                                                op)
+                        y = rt.reducescatter(x, op, name="rs", algorithm="hierarchical")
+                        assert_reduced(y, np.array_split(full, k)[me], dtype,
+                                       f"reducescatter({op.name}, {dtype.name}, {shape}), "
+                                       f"{where}")
+            rows = 3 * k + 1
+            for splits in ([rows] + [0] * (k - 1), [0] * (k - 1) + [rows],
+                           [r % 3 for r in range(k - 1)] + [rows - sum(r % 3
+                                                                       for r in range(k - 1))]):
+                inputs = all_inputs(range(k), (rows, 2), np.float64, rt.Average, "rsp")
+                y = rt.reducescatter(inputs[me], rt.Average, name="rsp", prescale_factor=0.5,
+                                     postscale_factor=3.0, algorithm="hierarchical",
+                                     splits=splits)
+                start = sum(splits[:me])
+                assert_reduced(y, reduce_reference(inputs, rt.Average, 0.5, 3.0)[
+                    start:start + splits[me]], np.float64, f"splits {splits}, {where}")
+            for compression, tolerance in ((rt.Compression.fp16, 2e-3),
+                                           (rt.Compression.bf16, 2e-2)):
+                inputs = all_inputs(range(k), (5001,), np.float32, rt.Sum, "rsc")
+                y = rt.reducescatter(inputs[me], rt.Sum, name="rsc", algorithm="hierarchical",
+                                     compression=compression)
+                error = np.abs(y - np.array_split(reduce_reference(inputs, rt.Sum), k)[me])
+                assert y.dtype == np.float32 and error.max(initial=0) <= tolerance * k, \
+                    f"{compression.name}, {where}: error {error.max(initial=0)}"
+            handles = [rt.reducescatter_async(make_input(me, (1000 + i,), np.int64, rt.Sum,
+                                                         "rsa", i),
+                                              rt.Sum, name=f"rsa{i}", algorithm="hierarchical")
+                       for i in range(3)]
+            for i, handle in reversed(list(enumerate(handles))):
+                full = reduce_reference(all_inputs(range(k), (1000 + i,), np.int64, rt.Sum,
+                                                   "rsa", i), rt.Sum)
+                assert_reduced(rt.synchronize(handle), np.array_split(full, k)[me], np.int64,
+                               f"reducescatter_async #{i}, {where}")
+
+
+@check
+def auto_gathers_and_scatters_hierarchically_across_nodes() -> None:
+    """Across nodes, ``auto`` takes the hierarchical allgather and reduce-scatter from
+    ``hierarchical_min_bytes`` (the reduce-scatter on equal nodes; the ring on others),
+    and the results are right whichever it takes."""
+    k, me = rt.size(), rt.rank()
+    with configured(hierarchical_min_bytes=1 << 14, reducescatter_algorithm="auto",
+                    allgather_algorithm="auto"):
+        shape = (1 << 13, 3)
+        x = make_input(me, shape, np.float32, rt.Sum, "auto")
+        rt.reducescatter(x, rt.Sum, name="auto")
+        plan = next(p for p in reducescatter_plans() if p.call.fields["name"] == "auto")
+        expected = ("hierarchical" if layout().uniform else "ring") if layout().pays_off \
+            else plan.chosen
+        assert plan.chosen == expected, (plan.chosen, layout().describe())
+        assert ("layout" in plan.call.fields) == (plan.chosen == "hierarchical"), plan.call
+        full = reduce_reference(all_inputs(range(k), shape, np.float32, rt.Sum, "auto"), rt.Sum)
+        assert_reduced(rt.reducescatter(x, rt.Sum, name="auto"), np.array_split(full, k)[me],
+                       np.float32, f"auto reducescatter on {layout().describe()}")
+        inputs = [make_input(r, (1 << 12, 2), np.int32, None, "aga") for r in range(k)]
+        out = rt.allgather(inputs[me], name="aga")
+        assert_equal_arrays(out, np.concatenate(inputs), "auto allgather")
+        gathered = next(p for p in allgather_plans() if p.call.fields["name"] == "aga")
+        assert (gathered.gather_layout is not None) == layout().pays_off, layout().describe()
+
+
 @check
 def broadcast_every_root() -> None:
     k, me = rt.size(), rt.rank()
@@ -214,6 +308,8 @@ def different_layouts_are_a_mismatch_not_a_hang() -> None:
     with configured(node_size=1 if me == 0 else rt.size()):
         expect_raises(rt.MismatchError, rt.allreduce, np.ones(10, np.float32), rt.Sum,
                       name="lay", algorithm="hierarchical", match=["'lay'", "layout"])
+        expect_raises(rt.MismatchError, rt.reducescatter, np.ones(10, np.float32), rt.Sum,
+                      name="lrs", algorithm="hierarchical", match=["'lrs'", "layout"])
     y = rt.allreduce(np.ones(10, np.float32), rt.Sum, name="lay", algorithm="hierarchical")
     assert np.all(y == rt.size())
 
@@ -244,6 +340,13 @@ def nodes_interleaved_in_rank_order() -> None:
             inputs = [make_input(r, (r + 2, 3), np.int16, None, "il") for r in range(k)]
             out = rt.allgather(inputs[me], name="il", algorithm="hierarchical")
             assert_equal_arrays(out, np.concatenate(inputs), "interleaved allgather")
+            for splits in (None, [r + 1 for r in range(k - 1)] + [20 - k * (k - 1) // 2]):
+                scattered = rt.reducescatter(x[:20], rt.Sum, name="ilr", splits=splits,
+                                             algorithm="hierarchical")
+                shares = np.split(expected[:20], np.cumsum(splits)[:-1]) if splits else \
+                    np.array_split(expected[:20], k)
+                assert_reduced(scattered, shares[me], np.float32,
+                               f"interleaved reducescatter splits={splits}")
             for root in range(k):
                 data = make_input(root, (2049,), np.float64, None, "ilb")
                 out = rt.broadcast(data if me == root else np.zeros_like(data), root,
