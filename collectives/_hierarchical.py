@@ -443,7 +443,7 @@ def allgather(group: Group, hierarchy: Hierarchy, data: np.ndarray, bounds: list
 
 def reduce_scatter(hierarchy: Hierarchy, source: np.ndarray, own: np.ndarray,
                    bounds: list[int], combine: Combine, finish: Finish | None,
-                   segment_bytes: int) -> None:
+                   segment_bytes: int, wire: Wire | None = None) -> None:
     """Write into ``own`` the reduction over all ranks of this rank's block of 1-D
     ``source`` (group rank r's block: ``bounds[r]:bounds[r+1]``), inside each node,
     then between the nodes, column by column (see the module's note; nodes of equal
@@ -451,9 +451,13 @@ def reduce_scatter(hierarchy: Hierarchy, source: np.ndarray, own: np.ndarray,
 
     Args:
         hierarchy: the layout's communicators (a uniform layout).
-        combine: reduces two ranks' values.
+        combine: reduces two ranks' values (of ``source``'s dtype).
         finish: applied once to each reduced element of ``own``, or None.
         segment_bytes: largest message of the rings.
+        wire: with compression, how the step between the nodes travels (``finish`` is
+            then None: the decode applies the scales; ``wire.buffer`` holds at least
+            ``source.size`` elements); the sums inside the nodes stay in ``source``'s
+            dtype, and on one node nothing is cast.
     """
     layout, local = hierarchy.layout, hierarchy.local
     columns = [[members[i] for members in layout.nodes] for i in range(local.size)]
@@ -479,15 +483,24 @@ def reduce_scatter(hierarchy: Hierarchy, source: np.ndarray, own: np.ndarray,
             _ring.reduce_scatter(local, packed, node_sum, column_bounds, combine, None,
                                  segment_bytes)
     cross = hierarchy.cross[0]
-    with phase("inter-node reduce-scatter", bytes=node_sum.nbytes):
-        if cross.size > 1:
-            cross_bounds = [0, *accumulate(sizes[rank] for rank in mine)]
-            _ring.reduce_scatter(cross, node_sum, own, cross_bounds, combine, finish,
-                                 segment_bytes)
-        else:
+    cross_bounds = [0, *accumulate(sizes[rank] for rank in mine)]
+    with phase("inter-node reduce-scatter", bytes=node_sum.nbytes,
+               format=wire.compressor.name if wire else str(source.dtype)):
+        if cross.size == 1:
             own[:] = node_sum
             if finish is not None:
                 finish(own)
+            _unwire(wire, own, own)
+        elif wire is None:
+            _ring.reduce_scatter(cross, node_sum, own, cross_bounds, combine, finish,
+                                 segment_bytes)
+        else:
+            encoded = wire.buffer[:node_sum.size]
+            wire.compressor.encode(node_sum, encoded, wire.encode_scale, key=wire.key)
+            reduced = encoded[cross_bounds[cross.rank]:cross_bounds[cross.rank + 1]]
+            _ring.reduce_scatter(cross, encoded, reduced, cross_bounds, wire.combine, None,
+                                 segment_bytes)
+            _unwire(wire, reduced, own)
 
 
 def _unwire(wire: Wire | None, data: np.ndarray, out: np.ndarray) -> None:

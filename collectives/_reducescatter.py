@@ -112,6 +112,8 @@ class _ReducescatterPlan:
         bounds, counts: each rank's share in elements of the flat array.
         share_shape: this rank's share's shape.
         combine: reduces two ranks' values (in the wire format when compressed).
+        node_combine: when compressed, reduces two ranks' values before the cast (the
+            hierarchical algorithm's sums inside the nodes).
         finish: turns the sum into the result (None when nothing is to do, or when
             compressed: the decoding finishes).
         carried: how a small host array is reduced whole in the agreement's messages
@@ -166,6 +168,7 @@ class _ReducescatterPlan:
                              compression=compressor.name, **given,
                              **_layout_field(chosen, self.layout))
             self.combine = reducer(op.value, compressor.wire_dtype, compressor.encoding)
+            self.node_combine = reducer(op.value, array.dtype)
             self.finish: Finisher | None = None
             return
         if on_device:
@@ -260,9 +263,14 @@ def _reduced(plan: _ReducescatterPlan, memory: Any, source: Any, like: Any,
         checked.run(start, result)
         memory.finish(output, plan.finish_checked)
         return output
-    if chosen in ("ring", "hierarchical") and group.size > 1:
-        _scatter_reduced(plan, memory.for_mpi(start), memory.for_mpi(result), plan.combine,
-                         plan.finish)
+    if chosen == "ring" and group.size > 1:
+        _ring.reduce_scatter(group, memory.for_mpi(start), memory.for_mpi(result),
+                             plan.bounds, plan.combine, plan.finish, segment_bytes)
+        return output
+    if chosen == "hierarchical" and group.size > 1:
+        _hierarchical.reduce_scatter(hierarchy_for(group, plan.layout), memory.for_mpi(start),
+                                     memory.for_mpi(result), plan.bounds, plan.combine,
+                                     plan.finish, segment_bytes)
         return output
     elif group.size == 1:
         memory.copy(start, result)
@@ -290,29 +298,26 @@ def _compressed(plan: _ReducescatterPlan, source: np.ndarray, name: str | None,
         if compressor.needs_range else 1.0
     divisor = group.size if plan.op is ReduceOp.Average else 1
     wire = HOST.scratch("wire", source.size, compressor.wire_dtype)
+    output = RESULTS.empty(plan.share_shape, source.dtype)
+    decode_scale = postscale_factor / (scale * divisor)
+    if plan.chosen == "hierarchical" and group.size > 1:
+        # Summed in full precision inside the nodes; only what crosses them is cast.
+        _hierarchical.reduce_scatter(
+            hierarchy_for(group, plan.layout), source, output.reshape(-1), bounds,
+            plan.node_combine, None, plan.settings.segment_bytes,
+            _hierarchical.Wire(compressor, wire, plan.combine, scale * prescale_factor,
+                               decode_scale, name))
+        return output
     compressor.encode(source, wire, scale * prescale_factor, key=name)
     own = bounds[group.rank + 1] - bounds[group.rank]
     reduced = HOST.scratch("wire share", own, compressor.wire_dtype)
     if group.size > 1:
-        _scatter_reduced(plan, wire, reduced, plan.combine, None)
+        _ring.reduce_scatter(group, wire, reduced, bounds, plan.combine, None,
+                             plan.settings.segment_bytes)
     else:
         reduced[:] = wire
-    output = RESULTS.empty(plan.share_shape, source.dtype)
-    compressor.decode(reduced, output.reshape(-1), postscale_factor / (scale * divisor))
+    compressor.decode(reduced, output.reshape(-1), decode_scale)
     return output
-
-
-def _scatter_reduced(plan: _ReducescatterPlan, source: np.ndarray, own: np.ndarray,
-                     combine: Combine, finish: Finisher | None) -> None:
-    """The data phase of the ring or the hierarchical reduce-scatter (as ``plan``
-    chose) of flat host ``source`` into this rank's share ``own``."""
-    if plan.chosen == "hierarchical":
-        _hierarchical.reduce_scatter(hierarchy_for(plan.group, plan.layout), source, own,
-                                     plan.bounds, combine, finish,
-                                     plan.settings.segment_bytes)
-    else:
-        _ring.reduce_scatter(plan.group, source, own, plan.bounds, combine, finish,
-                             plan.settings.segment_bytes)
 
 
 def _layout_field(chosen: str, layout: NodeLayout | None) -> dict[str, str]:
