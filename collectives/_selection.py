@@ -6,7 +6,7 @@ built-in table keeps ringtrain's own algorithms up to 4 KiB (allreduce: recursiv
 doubling up to ``recursive_doubling_max_bytes``; broadcast, allgather, reducescatter
 and alltoall: ``recursive_doubling``, their data in the agreement's own messages) and
 takes MPI's own above, but for the larger allreduces and reducescatters, which take the
-ring on one node (MPI's own between nodes). Device tensors of ranks on one node are
+ring (the allreduce on one node only: MPI's own between nodes). Device tensors of ranks on one node are
 reduced on the GPUs through CUDA IPC (``ipc``) from ``ipc_min_bytes`` on.
 ``algorithm=`` on a call, then the ``*_algorithm`` settings, override the choice.
 
