@@ -255,6 +255,16 @@ def test_real_run_checks_results_and_prints_parseable_columns(collective, nprocs
     assert len(csv_path.read_text().splitlines()) == len(rows) + 1
 
 
+def test_compressed_reducescatter_checks_out():
+    output = run_mpi("bench", 2, "reducescatter", "-b", "1K", "-e", "64K", "-f", "8",
+                     "-n", "2", "-w", "1", "--rounds", "1", "--compression", "bf16",
+                     "--algo", "ring,hierarchical,native", timeout=240)
+    assert "bf16 compression" in output
+    rows = parse_table(output)
+    assert {row["algo"] for row in rows} == {"ring", "hierarchical", "native"}
+    assert all(row["oop"][3] == "0" for row in rows)
+
+
 def test_compressed_allreduce_and_floating_average_check_out():
     output = run_mpi("bench", 2, "allreduce", "-b", "1K", "-e", "64K", "-f", "8",
                      "-n", "2", "-w", "1", "--rounds", "1", "-o", "avg",

@@ -186,7 +186,8 @@ class Case:
         if o.collective == "allgather":
             return lambda: rt.allgather(send, algorithm=algorithm)
         if o.collective == "reducescatter":
-            return lambda: rt.reducescatter(send, op, algorithm=algorithm)
+            return lambda: rt.reducescatter(send, op, algorithm=algorithm,
+                                            compression=self.compression)
         return lambda: rt.alltoall(send, algorithm=algorithm)[0]
 
     def _native(self, in_place: bool) -> Call:

@@ -53,7 +53,8 @@ class Options:
         check: verify results against a reference after timing each size.
         dtype, op, root: datatype, reduction op name, broadcast root.
         algorithms: ringtrain algorithm names and/or ``native``, measured in turn.
-        compression: ``none``, ``fp16`` or ``bf16`` (allreduce, float32 only).
+        compression: ``none``, ``fp16`` or ``bf16`` (allreduce and reducescatter,
+            float32 only).
         csv, json, plot: output files, or None.
         device: ``cpu`` (numpy buffers), or ``cuda``: every ringtrain algorithm on GPU
             buffers and on numpy buffers, ``native`` on numpy buffers.
@@ -206,9 +207,11 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
             parser.error(f"-o adasum runs its own algorithm: --algo takes "
                          f"{' and '.join(ADASUM_ALGORITHMS)} (MPI's sum, the baseline), got "
                          f"{arguments.algo!r}")
-    compressible = arguments.collective == "allreduce" and dtype == np.float32
+    compressible = arguments.collective in ("allreduce", "reducescatter") and \
+        dtype == np.float32
     if arguments.compression != "none" and not compressible:
-        parser.error("--compression applies to allreduce of float32 (-d float)")
+        parser.error("--compression applies to allreduce and reducescatter of float32 "
+                     "(-d float)")
     if arguments.compression != "none" and arguments.op == "prod":
         parser.error("--compression supports sum, avg, min and max, not prod")
     if arguments.device != "cuda" and "ipc" in algorithms:
