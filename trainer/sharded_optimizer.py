@@ -35,7 +35,6 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..collectives import (Average, Compression, Compressor, ProcessSet, allgather_async,
@@ -44,6 +43,7 @@ from ..collectives.errors import InvalidArgumentError, UnsupportedDtypeError, Us
 from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec
 from ._buckets import fusion_threshold as resolve_fusion_threshold
 from ._dtypes import numpy_dtype
+from ._gradient_masks import kept_elements
 from .gradient_reducer import wire_itemsize
 from .master_weights import LOW_PRECISION
 from .torch_optimizer import (WrappedOptimizerView, host_masks,
@@ -131,8 +131,10 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
         self.masters_taken = False
         self.group_pieces = self._rebuild_groups()
         self._pieces_of_bucket: list[list[int]] = [[] for _ in self.partition.buckets]
+        self._pieces_of_parameter: dict[int, list[int]] = {id(p): [] for p in self.parameters}
         for position, piece in enumerate(self.pieces):
             self._pieces_of_bucket[piece.bucket].append(position)
+            self._pieces_of_parameter[id(self.parameters[piece.parameter])].append(position)
         self._lock = threading.Lock()
         self._synchronized = False
         self._skip = False
@@ -174,9 +176,10 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
                 another shape, or a masked parameter in GPU memory.
             UsageError: called between ``backward()`` and ``step()``.
         """
-        kept = [None if array is None or array.all() else np.flatnonzero(array.reshape(-1))
-                for array in host_masks(masks, list(zip(self.parameter_names, self.parameters)),
-                                        "steps")]
+        named = list(zip(self.parameter_names, self.parameters))
+        elements = [kept_elements(name, tuple(parameter.shape), array)
+                    for (name, parameter), array in zip(named, host_masks(masks, named, "steps"))]
+        kept = [None if k is None else k.kept for k in elements]
         if self._started:
             raise UsageError(f"rank {self.shard_rank}: set_gradient_masks() was called while "
                              f"gradients are being reduced; call it before backward() or "
@@ -205,16 +208,15 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
         Raises:
             InvalidArgumentError: ``parameter`` is not one this optimizer steps.
         """
-        index = next((i for i, p in enumerate(self.parameters) if p is parameter), None)
-        if index is None:
+        positions = self._pieces_of_parameter.get(id(parameter))
+        if positions is None:
             raise InvalidArgumentError(
                 f"rank {self.shard_rank}: mask_elements: a parameter of shape "
                 f"{tuple(parameter.shape)} that this ShardedOptimizer does not step")
         flat = mask.detach().reshape(-1)
         with torch.no_grad():
-            for piece, shard in zip(self.pieces, self.shards):
-                if piece.parameter != index:
-                    continue
+            for position in positions:
+                piece, shard = self.pieces[position], self.shards[position]
                 keep = flat[piece.start:piece.stop]
                 shard.mul_(keep)
                 for value in self.optimizer.state.get(shard, {}).values():
