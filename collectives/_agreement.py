@@ -28,7 +28,7 @@ it casts: the largest finite magnitude (a non-negative float64 orders like its i
 bits) and the highest and lowest rank whose values hold inf or NaN.
 
 Small collectives ride in the same messages (:class:`CarriedReduction`,
-:class:`CarriedGather`): header and payload travel together and are combined at each
+:class:`CarriedBroadcast`, :class:`CarriedGather`): header and payload travel together and are combined at each
 step, so the check costs no extra round trip. An allreduce combines its payloads by its
 op; a broadcast, an allgather (each rank's rows at its own offset) and a reducescatter
 (the whole array, each rank keeping its rows) use the same exchange. Receive buffers
@@ -341,6 +341,94 @@ class CarriedReduction:
         else:
             self._finish.into(combined, result)
         return result
+
+
+class CarriedBroadcast:
+    """A small broadcast riding in the agreement, set up once for one kind of call:
+    ``nbytes`` (at most ``PAYLOAD_CAPACITY``) from group rank ``root``.
+
+    Through the node's mailboxes, in the exchange's schedule, only the ranks that already
+    hold the root's bytes send them behind their header, and a rank takes them from a
+    partner whose call is its own: one compiled call
+    (:meth:`._compiled_exchange.CompiledExchange.broadcast_held`), which copies them
+    once, from the mailbox into the result; or the same messages from Python
+    (:class:`_HeldTransport`). Elsewhere the bytes travel as a :class:`CarriedReduction`
+    of bytes: the root's, or'ed with the others' zeros.
+    """
+
+    __slots__ = ("group", "_buffers", "_mailboxes", "_held", "_reduction", "_zeros",
+                 "_root", "_root_rank")
+
+    def __init__(self, group: Group, call: Call, nbytes: int, root: int):
+        self.group = group
+        self._buffers = buffers = _buffers_of(group)
+        self._mailboxes = mailboxes_of(group)
+        self._root, self._root_rank = group.rank == root, root
+        if self._mailboxes is None:
+            self._reduction = CarriedReduction(group, call, BYTES, nbytes, np.bitwise_or, None)
+            self._zeros = np.zeros(0 if self._root else nbytes, np.uint8)
+            return
+        held = None if buffers.compiled is None else \
+            buffers.compiled.broadcast_held(buffers.message, buffers.receive, root)
+        self._held = CheckedCollective(group, call, buffers, held or self._held_in_python, 0)
+
+    def run(self, source: np.ndarray, result: np.ndarray) -> None:
+        """Agree on the call while broadcasting the root's ``source`` into ``result``
+        (1-D uint8 arrays, ``result`` may be ``source``; only the root's ``source`` is
+        read).
+
+        Raises:
+            MismatchError: on every rank, when any rank's call differs.
+        """
+        if self._mailboxes is not None:
+            self._held.run(source, result)
+        else:
+            self._reduction.run(source if self._root else self._zeros, result, 1.0)
+
+    def _held_in_python(self, fresh_header: np.ndarray, source: np.ndarray,
+                        result: np.ndarray) -> int:
+        buffers = self._buffers
+        buffers.header_bytes[:] = fresh_header
+        if self._root and source.ctypes.data != result.ctypes.data:
+            result[:] = source
+        _recursive_doubling.exchange(
+            self.group, buffers.alone, buffers.receive, buffers.combine_differing,
+            _HeldTransport(self._mailboxes, buffers, result, self._root, self._root_rank))
+        return 0 if buffers.signature == fresh_header[:SIGNATURE_BYTES].tobytes() \
+            else DIFFERENT
+
+
+class _HeldTransport:
+    """The mailboxes as :func:`._recursive_doubling.exchange` sees them in a broadcast
+    riding in Python, sending what the compiled broadcast sends: the header, followed by
+    ``result`` where this rank holds the root's bytes (but to the root, group rank
+    ``root``); a received message's bytes are taken into ``result`` where this rank
+    holds none yet and the partner's signature is this rank's."""
+
+    def __init__(self, mailboxes: Any, buffers: _Buffers, result: np.ndarray, holds: bool,
+                 root: int):
+        self._mailboxes, self._buffers, self._result = mailboxes, buffers, result
+        self._holds, self._root = holds, root
+
+    def Send(self, message: np.ndarray, destination: int, tag: int = 0) -> None:
+        length = HEADER_BYTES
+        if self._holds and destination != self._root:
+            length += self._result.size
+            self._buffers.message[HEADER_BYTES:length] = self._result
+        self._mailboxes.Send(self._buffers.message[:length], destination)
+
+    def Recv(self, receive: np.ndarray, source: int, tag: int = 0) -> None:
+        length = self._mailboxes.Recv(receive, source)
+        buffers, count = self._buffers, self._result.size
+        if not self._holds and length == HEADER_BYTES + count and \
+                buffers.received_signature == buffers.signature:
+            self._result[:] = receive[HEADER_BYTES:HEADER_BYTES + count]
+            self._holds = True
+
+    def Sendrecv(self, message: np.ndarray, destination: int, sendtag: int,
+                 receive: np.ndarray, source: int, recvtag: int) -> None:
+        self.Send(message, destination)
+        self.Recv(receive, source)
 
 
 class CarriedGather:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from . import _broadcast_algorithms, _hierarchical, _native, timeline
-from ._agreement import (BYTES, PAYLOAD_CAPACITY, Call, CarriedReduction, CheckedCollective,
+from ._agreement import (BYTES, PAYLOAD_CAPACITY, Call, CarriedBroadcast, CheckedCollective,
                          agree, checked_collective)
 from ._compiled_exchange import BROADCAST
 from ._buffers import device_tensor, results_like, returns_itself
@@ -133,9 +133,7 @@ class _BroadcastPlan:
         chosen: the algorithm (``native`` for device memory handed to MPI).
         inner: the schedule of a hierarchical broadcast, between and inside the nodes.
         call: the signature the ranks compare.
-        carried: how a small host array travels in the agreement's messages (the
-            root's bytes or'ed with the others' zeros), or None.
-        zeros: what the ranks other than the root contribute to ``carried``.
+        carried: how a small host array travels in the agreement's messages, or None.
         checked: MPI's own broadcast made in the agreement's compiled call (host arrays,
             ``native``), or None.
     """
@@ -147,7 +145,7 @@ class _BroadcastPlan:
         self.settings = settings = current_settings()
         self.group = group = resolve_group(process_set, collective, name)
         self.root = root_in_group(group, root_rank, collective, name)
-        self.carried: CarriedReduction | None = None
+        self.carried: CarriedBroadcast | None = None
         self.checked: CheckedCollective | None = None
         if on_device:
             self.layout, self.chosen, self.inner = None, "native", ""
@@ -171,9 +169,7 @@ class _BroadcastPlan:
             self.checked = checked_collective(group, self.call, BROADCAST, BYTES,
                                               array.nbytes, root=self.root)
         if chosen == "recursive_doubling" and array.nbytes <= PAYLOAD_CAPACITY:
-            self.carried = CarriedReduction(group, self.call, BYTES, array.nbytes,
-                                            np.bitwise_or, None)
-            self.zeros = np.zeros(0 if group.rank == self.root else array.nbytes, np.uint8)
+            self.carried = CarriedBroadcast(group, self.call, array.nbytes, self.root)
 
 
 _PLANS: PlanCache[_BroadcastPlan] = PlanCache()
@@ -254,6 +250,4 @@ def _key(collective: str, on_device: bool, array: Any, root_rank: Any, name: str
 
 def _carried(plan: _BroadcastPlan, array: np.ndarray, output: np.ndarray) -> None:
     """A small broadcast in the agreement's own messages, into C-contiguous ``output``."""
-    source = array.reshape(-1).view(np.uint8) if plan.group.rank == plan.root \
-        else plan.zeros
-    plan.carried.run(source, output.reshape(-1).view(np.uint8), 1.0)
+    plan.carried.run(array.reshape(-1).view(np.uint8), output.reshape(-1).view(np.uint8))

@@ -35,7 +35,9 @@ import numpy as np
 from mpi4py import MPI
 
 from ._group import Group
-from ._mailboxes import NO_BOXES, mailbox_receive, mailbox_send, mailboxes_of
+from ._mailboxes import (NO_BOXES, mailbox_arrival, mailbox_claim, mailbox_consume,
+                         mailbox_data, mailbox_length, mailbox_publish, mailbox_receive,
+                         mailbox_send, mailboxes_of)
 from ._native_calls import MpiFunctions, call_c, copy_bytes, mpi_functions, void_pointer
 from ._recursive_doubling import TAG, schedule_of
 
@@ -233,6 +235,97 @@ def _reduce_planned(plan, handles, fresh_header, factors, source, result) -> int
         plan[_CODE], fresh_header, factors, source, result)
 
 
+@numba.njit(cache=True, nogil=True)
+def _give_held(state, boxes, counters, peer: int, message, header_bytes: int, data,
+               holds: bool, root_rank: int) -> None:
+    """Send this rank's header to ``peer``, followed by ``data`` where this rank holds
+    the root's data and ``peer`` is not the root; each copied once, straight into the
+    mailbox."""
+    holds = holds and peer != root_rank
+    length = header_bytes + (data.size if holds else 0)
+    base = mailbox_claim(boxes, counters, length, state[_YIELD])
+    at = mailbox_data(boxes, base)
+    copy_bytes(at, message.ctypes.data, header_bytes)
+    if holds:
+        copy_bytes(at + header_bytes, data.ctypes.data, data.size)
+    mailbox_publish(boxes, counters, base, peer, length)
+
+
+@numba.njit(cache=True, nogil=True)
+def _take_held(state, boxes, counters, peer: int, message, receive, header_bytes: int, data,
+               holds: bool, adopt: bool) -> bool:
+    """Take ``peer``'s message: its header folded into ours (``adopt``: replacing it),
+    its data copied from the mailbox into ``data`` where it carries the root's data,
+    this rank holds none yet and the signatures are equal; whether this rank holds the
+    data now."""
+    base = mailbox_arrival(boxes, counters, peer, state[_YIELD])
+    at = mailbox_data(boxes, base)
+    copy_bytes(receive.ctypes.data, at, header_bytes)
+    same = True
+    for i in range(state[_SIGNATURE_BYTES]):
+        if message[i] != receive[i]:
+            same = False
+            break
+    if same and not holds and mailbox_length(boxes, base) == header_bytes + data.size:
+        copy_bytes(data.ctypes.data, at + header_bytes, data.size)
+        holds = True
+    mailbox_consume(boxes, counters, peer, base)
+    if adopt:
+        copy_bytes(message.ctypes.data, receive.ctypes.data, header_bytes)
+    elif not same:
+        header = message[:header_bytes].view(np.int64)
+        theirs = receive[:header_bytes].view(np.int64)
+        for i in range(state[_HEADER_WORDS]):
+            if theirs[i] > header[i]:
+                header[i] = theirs[i]
+    return holds
+
+
+@numba.njit(cache=True, nogil=True)
+def _broadcast_held(plan, handles, root_rank: int, root: bool, fresh_header, source,
+                    result) -> int:
+    """A whole small broadcast through the mailboxes, in the agreement's schedule and
+    with its headers: group rank ``root_rank``'s ``source`` (bytes; this rank is the
+    root where ``root``) into every rank's ``result`` (may be ``source``). Only ranks
+    that hold the data by then send it (never to the root), and a rank takes it only
+    from a partner whose signature is its own, straight into ``result``: 0, or
+    :data:`DIFFERENT` when some rank's signature differed (``result`` then unspecified
+    but for the root's)."""
+    state = numba.carray(void_pointer(plan[_AT_STATE]), plan[_STATE_WORDS], np.int64)
+    boxes = numba.carray(void_pointer(plan[_AT_BOXES]), plan[_BOX_WORDS], np.int64)
+    counters = numba.carray(void_pointer(plan[_AT_COUNTERS]), plan[_COUNTER_WORDS], np.int64)
+    message = numba.carray(void_pointer(plan[_AT_MESSAGE]), plan[_MESSAGE_BYTES], np.uint8)
+    receive = numba.carray(void_pointer(plan[_AT_RECEIVE]), plan[_RECEIVE_BYTES], np.uint8)
+    header_bytes = fresh_header.size
+    copy_bytes(message.ctypes.data, fresh_header.ctypes.data, header_bytes)
+    holds = root
+    if root and source.ctypes.data != result.ctypes.data:
+        copy_bytes(result.ctypes.data, source.ctypes.data, result.size)
+    folded_into, folded_from = state[_FOLDED_INTO], state[_FOLDED_FROM]
+    if folded_into >= 0:
+        _give_held(state, boxes, counters, folded_into, message, header_bytes, result, holds,
+                   root_rank)
+        holds = _take_held(state, boxes, counters, folded_into, message, receive,
+                           header_bytes, result, holds, True)
+    else:
+        if folded_from >= 0:
+            holds = _take_held(state, boxes, counters, folded_from, message, receive,
+                               header_bytes, result, holds, False)
+        for step in range(state[_PARTNER_COUNT]):
+            peer = state[_PARTNERS + step]
+            _give_held(state, boxes, counters, peer, message, header_bytes, result, holds,
+                       root_rank)
+            holds = _take_held(state, boxes, counters, peer, message, receive, header_bytes,
+                               result, holds, False)
+        if folded_from >= 0:
+            _give_held(state, boxes, counters, folded_from, message, header_bytes, result,
+                       holds, root_rank)
+    for i in range(state[_SIGNATURE_BYTES]):
+        if message[i] != fresh_header[i]:
+            return DIFFERENT
+    return 0
+
+
 ALLREDUCE, BROADCAST, REDUCE_SCATTER, ALLGATHER, ALLTOALL = range(5)
 """The MPI collectives that :meth:`CompiledExchange.checked_collective` makes."""
 UNEVEN = -2
@@ -402,6 +495,20 @@ class CompiledExchange:
         return self.checked(_checked_collective, message, receive,
                             self._header_bytes + 8 * self._size * words.size, collective,
                             datatype=datatype, op=op)
+
+    def broadcast_held(self, message: np.ndarray, receive: np.ndarray,
+                       root: int) -> Callable[[np.ndarray, np.ndarray, np.ndarray], int] | None:
+        """A small broadcast (at most what a mailbox holds) in one compiled call through
+        the group's mailboxes, bound to the agreement's messages:
+        ``run(fresh_header, source, result)`` runs the exchange's schedule with the
+        headers as :meth:`run` does in mode :data:`HEADERS_IF_DIFFERENT`, the bytes of
+        group rank ``root`` travelling behind the header of the ranks that hold them,
+        into ``result`` on every rank; 0, or :data:`DIFFERENT`.
+        None where the group has no mailboxes."""
+        if not self._boxes.size:
+            return None
+        return self.checked(_broadcast_held, message, receive, self._header_bytes, root,
+                            self._rank == root)
 
     def checked(self, compiled: Callable[..., int], message: np.ndarray,
                 receive: np.ndarray, length: int, *arguments: np.ndarray,

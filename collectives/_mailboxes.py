@@ -85,9 +85,10 @@ def _store_release(typingctx: Any, array: Any, index: Any, value: Any) -> Any:
 
 
 @numba.njit(cache=True, nogil=True)
-def mailbox_send(boxes, counters, destination: int, message, length: int,
-                 yield_address: int) -> None:
-    """Leave ``message[:length]`` (uint8) for group rank ``destination``."""
+def mailbox_claim(boxes, counters, length: int, yield_address: int) -> int:
+    """Take this rank's next mailbox for a message of ``length`` bytes, once the message
+    last left in it was consumed; return the mailbox's first word (see
+    :func:`mailbox_data`, :func:`mailbox_publish`)."""
     slot_words = boxes.size // (2 * counters[_SIZE])
     if length > (slot_words - _CONTROL_WORDS) * 8:
         raise ValueError("a message larger than the mailboxes")
@@ -100,17 +101,39 @@ def mailbox_send(boxes, counters, destination: int, message, length: int,
         spins += 1
         if spins >= _SPINS:
             call_c(yield_address, ())
+    return base
+
+
+@numba.njit(cache=True, nogil=True)
+def mailbox_data(boxes, base: int) -> int:
+    """The address of the data of the mailbox starting at word ``base``."""
+    return boxes.ctypes.data + 8 * (base + _CONTROL_WORDS)
+
+
+@numba.njit(cache=True, nogil=True)
+def mailbox_publish(boxes, counters, base: int, destination: int, length: int) -> None:
+    """Hand the ``length`` bytes written into the claimed mailbox at ``base`` to group
+    rank ``destination``."""
     sent = counters[_COUNTS + destination] + 1
     counters[_COUNTS + destination] = sent
-    copy_bytes(boxes.ctypes.data + 8 * (base + _CONTROL_WORDS), message.ctypes.data, length)
     boxes[base + _LENGTH] = length
     _store_release(boxes, base + _TAG, (destination << _DESTINATION_SHIFT) | sent)
 
 
 @numba.njit(cache=True, nogil=True)
-def mailbox_receive(boxes, counters, source: int, receive, yield_address: int) -> int:
-    """Take the next message from group rank ``source`` into ``receive`` (uint8; the
-    part that fits); return its length."""
+def mailbox_send(boxes, counters, destination: int, message, length: int,
+                 yield_address: int) -> None:
+    """Leave ``message[:length]`` (uint8) for group rank ``destination``."""
+    base = mailbox_claim(boxes, counters, length, yield_address)
+    copy_bytes(mailbox_data(boxes, base), message.ctypes.data, length)
+    mailbox_publish(boxes, counters, base, destination, length)
+
+
+@numba.njit(cache=True, nogil=True)
+def mailbox_arrival(boxes, counters, source: int, yield_address: int) -> int:
+    """Wait for the next message from group rank ``source``; return the first word of
+    the mailbox holding it (its length: :func:`mailbox_length`), to be read and then
+    handed back by :func:`mailbox_consume`."""
     size = counters[_SIZE]
     slot_words = boxes.size // (2 * size)
     expected = (counters[_RANK] << _DESTINATION_SHIFT) | \
@@ -119,18 +142,36 @@ def mailbox_receive(boxes, counters, source: int, receive, yield_address: int) -
     spins = 0
     while True:
         if _load_acquire(boxes, base + _TAG) == expected:
-            break
+            return base
         if _load_acquire(boxes, base + slot_words + _TAG) == expected:
-            base += slot_words
-            break
+            return base + slot_words
         spins += 1
         if spins >= _SPINS:
             call_c(yield_address, ())
-    length = boxes[base + _LENGTH]
-    fits = min(length, receive.size)
-    copy_bytes(receive.ctypes.data, boxes.ctypes.data + 8 * (base + _CONTROL_WORDS), fits)
-    counters[_COUNTS + size + source] += 1
-    _store_release(boxes, base + _CONSUMED, expected)
+
+
+@numba.njit(cache=True, nogil=True)
+def mailbox_length(boxes, base: int) -> int:
+    """The length of the message in the mailbox at ``base``."""
+    return boxes[base + _LENGTH]
+
+
+@numba.njit(cache=True, nogil=True)
+def mailbox_consume(boxes, counters, source: int, base: int) -> None:
+    """Hand the mailbox at ``base``, whose message from ``source`` was read, back to
+    its sender."""
+    counters[_COUNTS + counters[_SIZE] + source] += 1
+    _store_release(boxes, base + _CONSUMED, boxes[base + _TAG])
+
+
+@numba.njit(cache=True, nogil=True)
+def mailbox_receive(boxes, counters, source: int, receive, yield_address: int) -> int:
+    """Take the next message from group rank ``source`` into ``receive`` (uint8; the
+    part that fits); return its length."""
+    base = mailbox_arrival(boxes, counters, source, yield_address)
+    length = mailbox_length(boxes, base)
+    copy_bytes(receive.ctypes.data, mailbox_data(boxes, base), min(length, receive.size))
+    mailbox_consume(boxes, counters, source, base)
     return length
 
 
@@ -182,9 +223,11 @@ class Mailboxes:
         mailbox_send(self.boxes, self.counters, destination, message, message.nbytes,
                      self.yield_address)
 
-    def Recv(self, receive: np.ndarray, source: int, tag: int = 0) -> None:
-        """Take the next message from ``source`` into ``receive`` (uint8)."""
-        mailbox_receive(self.boxes, self.counters, source, receive, self.yield_address)
+    def Recv(self, receive: np.ndarray, source: int, tag: int = 0) -> int:
+        """Take the next message from ``source`` into ``receive`` (uint8, the part that
+        fits); return its length."""
+        return mailbox_receive(self.boxes, self.counters, source, receive,
+                               self.yield_address)
 
     def Sendrecv(self, message: np.ndarray, destination: int, sendtag: int,
                  receive: np.ndarray, source: int, recvtag: int) -> None:

@@ -4,8 +4,9 @@
 ``init`` loaded, for the sizes and group sizes it covers, else the built-in one. The
 built-in table keeps ringtrain's own algorithms up to 4 KiB (allreduce: recursive
 doubling up to ``recursive_doubling_max_bytes``; broadcast, allgather, reducescatter
-and alltoall: ``recursive_doubling``, their data in the agreement's own messages) and
-takes MPI's own above, but for the larger allreduces and reducescatters, which take the
+and alltoall: ``recursive_doubling``, their data in the agreement's own messages; on
+one node broadcast up to 128 KiB or 16 KiB, see :mod:`.tuning`) and takes MPI's own
+above, but for the larger allreduces and reducescatters, which take the
 ring (the allreduce on one node only: MPI's own between nodes). Device tensors of ranks on one node are
 reduced on the GPUs through CUDA IPC (``ipc``) from ``ipc_min_bytes`` on.
 ``algorithm=`` on a call, then the ``*_algorithm`` settings, override the choice.
@@ -22,7 +23,7 @@ from __future__ import annotations
 from ._topology import HIERARCHICAL, NodeLayout
 from .config import ALGORITHMS, Settings
 from .errors import InvalidArgumentError, subject
-from .tuning import choose, default_choice, tuned_choice
+from .tuning import SMALL_MESSAGE_BYTES, choose, default_choice, tuned_choice
 
 _HOST_ALLREDUCE = tuple(a for a in ALGORITHMS["allreduce"] if a not in ("auto", "ipc"))
 
@@ -180,6 +181,11 @@ def _table_choice(collective: str, nbytes: int, size: int, settings: Settings,
         # allreduce was as fast (one rank a node) or faster (several: fewer steps on the
         # links). Its reduce-scatter was not: as fast with one rank a node, slower with
         # several (recursive halving sends more across the links than the ring).
+        return "native"
+    if chosen == "recursive_doubling" and collective == "broadcast" and \
+            nbytes > SMALL_MESSAGE_BYTES and layout is not None and len(layout.nodes) > 1:
+        # The larger broadcasts ride through the mailboxes of one node, sending the
+        # root's bytes once per rank; between nodes they would travel in every message.
         return "native"
     return chosen
 

@@ -52,6 +52,18 @@ SMALL_MESSAGE_BYTES = 4096
 """Up to this size the built-in table keeps ringtrain's own algorithms (the small-message
 path, whose cost is the agreement check)."""
 
+CARRIED_BROADCAST_MAX_BYTES = 128 * 1024
+"""Up to this size (what the agreement's messages carry) the built-in table's broadcast
+over a power of two of ranks rides in the agreement: through the node's mailboxes it was
+measured faster than MPI's own from 8 KiB to 128 KiB at 2 and 4 ranks on one node (see
+docs/benchmarks.md); where the ranks span nodes, ``auto`` takes MPI's own above
+:data:`SMALL_MESSAGE_BYTES` (see :mod:`._selection`)."""
+
+FOLDED_CARRIED_BROADCAST_MAX_BYTES = 16 * 1024
+""":data:`CARRIED_BROADCAST_MAX_BYTES` for other numbers of ranks, whose fold adds two
+hops to the bytes' way (at 3 ranks, in place, riding was slower than MPI's own from
+32 KiB)."""
+
 RING_REDUCESCATTER_MIN_BYTES = 64 * 1024
 """From above this size the built-in table's reducescatter takes the ring (checked and run
 in one compiled call; measured faster than MPI's own from 128 KiB at 2, 3 and 4 ranks on
@@ -177,12 +189,14 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
     (checked and run in one compiled call, it was measured faster than MPI's own from
     256 KiB at 2, 3 and 4 ranks on one node). The other collectives: up to
     :data:`SMALL_MESSAGE_BYTES` ``recursive_doubling``, the data in the agreement's own
-    messages (but for broadcast the binomial tree or the pipeline where
+    messages (broadcast up to :data:`CARRIED_BROADCAST_MAX_BYTES` or
+    :data:`FOLDED_CARRIED_BROADCAST_MAX_BYTES`, but the binomial
+    tree or the pipeline up to :data:`SMALL_MESSAGE_BYTES` where
     ``broadcast_pipeline_min_bytes`` is set below it); MPI's own above, which was
     measured faster on one node, but for reducescatters above
     :data:`RING_REDUCESCATTER_MIN_BYTES`, which take the ring as allreduces do. (Where
-    the ranks span nodes, ``auto`` takes MPI's own instead of this table's ring: see
-    :mod:`._selection`.)
+    the ranks span nodes, ``auto`` takes MPI's own instead of this table's allreduce
+    ring and broadcasts above :data:`SMALL_MESSAGE_BYTES`: see :mod:`._selection`.)
     """
     own = SMALL_MESSAGE_BYTES
     if collective == "allreduce":
@@ -191,7 +205,9 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
     if collective == "broadcast":
         start = settings.broadcast_pipeline_min_bytes
         if group_size <= 2 or start > own:
-            return (Range(own, "recursive_doubling"), Range(None, "native"))
+            carried = CARRIED_BROADCAST_MAX_BYTES if group_size & (group_size - 1) == 0 \
+                else FOLDED_CARRIED_BROADCAST_MAX_BYTES
+            return (Range(carried, "recursive_doubling"), Range(None, "native"))
         tree = (Range(start - 1, "binomial"),) if start > 0 else ()
         return (*tree, Range(own, "pipeline"), Range(None, "native"))
     if collective == "reducescatter":

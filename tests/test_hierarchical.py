@@ -21,6 +21,7 @@ import pytest
 from mpi_launch import ROOT, run_mpi
 from ringtrain.collectives._selection import (allreduce_algorithm, auto_choice,
                                               broadcast_algorithm, reducescatter_algorithm)
+from ringtrain.collectives import tuning
 from ringtrain.collectives.tuning import default_choice
 from ringtrain.collectives._topology import NodeLayout
 from ringtrain.collectives.config import Settings
@@ -75,6 +76,22 @@ def test_auto_goes_hierarchical_only_across_nodes_and_above_the_threshold(sizes,
         assert allreduce_algorithm(forced, 1 << 20, size, settings, "t", shape) == forced
     assert allreduce_algorithm(None, 1 << 20, size, Settings(allreduce_algorithm="ring"), "t",
                                shape) == "ring"
+
+
+@pytest.mark.parametrize("sizes", [(2,), (4,), (1, 1, 1), (2, 2)])
+def test_larger_broadcasts_ride_in_the_agreement_only_on_one_node(sizes):
+    settings = Settings(hierarchical_min_bytes=1 << 20)
+    shape = layout(*sizes)
+    size = sum(sizes)
+    one_node = len(sizes) == 1
+    for nbytes in (8 * 1024, tuning.FOLDED_CARRIED_BROADCAST_MAX_BYTES):
+        assert broadcast_algorithm(None, nbytes, size, settings, "t", shape) == \
+            ("recursive_doubling" if one_node else "native")
+    assert broadcast_algorithm(None, tuning.SMALL_MESSAGE_BYTES, size, settings, "t",
+                               shape) == "recursive_doubling"
+    for nbytes in (tuning.CARRIED_BROADCAST_MAX_BYTES + 1, 1 << 20):
+        assert broadcast_algorithm(None, nbytes, size, settings, "t", shape) == \
+            ("hierarchical" if nbytes >= 1 << 20 and len(sizes) == 2 else "native")
 
 
 @pytest.mark.parametrize("sizes, pays", [((4,), False), ((1, 1, 1), False), ((2, 2), True),

@@ -120,10 +120,15 @@ def test_the_built_in_table_keeps_small_messages_and_takes_the_ring_or_mpi_above
                           Settings(broadcast_pipeline_min_bytes=1024)) == "pipeline"
     for collective, own in (("allgather", "recursive_doubling"),
                             ("reducescatter", "recursive_doubling"),
-                            ("alltoall", "recursive_doubling"),
-                            ("broadcast", "recursive_doubling")):
+                            ("alltoall", "recursive_doubling")):
         assert default_choice(collective, small, 3, SETTINGS) == own
         assert default_choice(collective, big, 3, SETTINGS) == "native"
+    for ranks, carried in ((2, tuning.CARRIED_BROADCAST_MAX_BYTES),
+                           (3, tuning.FOLDED_CARRIED_BROADCAST_MAX_BYTES),
+                           (4, tuning.CARRIED_BROADCAST_MAX_BYTES),
+                           (6, tuning.FOLDED_CARRIED_BROADCAST_MAX_BYTES)):
+        assert default_choice("broadcast", carried, ranks, SETTINGS) == "recursive_doubling"
+        assert default_choice("broadcast", carried + 1, ranks, SETTINGS) == "native"
     ring_from = tuning.RING_REDUCESCATTER_MIN_BYTES + 1
     for ranks in (2, 3, 4):
         assert default_choice("reducescatter", ring_from - 1, ranks, SETTINGS) == "native"

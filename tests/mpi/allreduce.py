@@ -486,8 +486,10 @@ def compiled_and_python_exchanges_agree_with_numpy():
             assert np.array_equal(received, np.repeat(np.arange(k, dtype=np.int32),
                                                       20000)[:, None].repeat(2, axis=1))
             assert splits.tolist() == [20000] * k
-            sent = rt.broadcast(np.arange(5.0) + me, k - 1, name=f"broadcast {form}")
-            assert np.array_equal(sent, np.arange(5.0) + k - 1)
+            for count in (5, 8192):  # 64 KiB ride too, through the node's mailboxes
+                sent = rt.broadcast(np.arange(count, dtype=np.float64) + me, k - 1,
+                                    name=f"broadcast {form}")
+                assert np.array_equal(sent, np.arange(count, dtype=np.float64) + k - 1)
             if k > 1:
                 shape = (4,) if me == k - 1 else (3,)
                 expect_raises(rt.MismatchError, rt.allreduce, np.ones(shape),

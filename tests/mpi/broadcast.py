@@ -134,6 +134,33 @@ for _algorithm in ALGORITHMS:
 
 
 @check
+def broadcasts_ride_in_the_agreement_up_to_its_payload():
+    """From 4 KiB to the agreement's payload capacity (and one byte over, which the
+    tree moves), every root, in place and not, each followed by a small allreduce that
+    must find the agreement's messages in step."""
+    k, me = rt.size(), rt.rank()
+    capacity = 128 * 1024
+    for nbytes in (4097, 8 * 1024 + 3, 64 * 1024, capacity, capacity + 1):
+        for algorithm in ("recursive_doubling", "auto"):
+            for root in range(k):
+                expected = rng(root, "ride", nbytes).integers(0, 256, nbytes, dtype=np.uint8)
+                mine = rng(me, "ride", nbytes).integers(0, 256, nbytes, dtype=np.uint8)
+                what = f"broadcast of {nbytes} B, root={root}, algorithm={algorithm}"
+                y = rt.broadcast(expected.copy() if me == root else mine, root,
+                                 name="ride", algorithm=algorithm)
+                assert_equal_arrays(y, expected, what)
+                in_place = expected.copy() if me == root else mine.copy()
+                rt.broadcast_(in_place, root, name="ride", algorithm=algorithm)
+                assert_equal_arrays(in_place, expected, what + " in place")
+                total = rt.allreduce(np.full(3, me + 1, np.int64), op=rt.Sum, name="step")
+                assert_equal_arrays(total, np.full(3, k * (k + 1) // 2, np.int64),
+                                    f"allreduce after the {what}")
+        wide = data(k - 1, (nbytes // 8,), np.dtype(np.float64), "ride")
+        y = rt.broadcast(wide if me == k - 1 else np.zeros_like(wide), k - 1)
+        assert_equal_arrays(y, wide, f"float64 broadcast of {wide.nbytes} B")
+
+
+@check
 def broadcast_root_as_numpy_integer():
     k, me = rt.size(), rt.rank()
     root = np.int64(k - 1)

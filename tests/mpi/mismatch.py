@@ -316,6 +316,13 @@ def broadcast_shape_and_dtype_mismatch():
     error = expect_mismatch(lambda: rt.broadcast(np.zeros(5, mine(dtypes)), 0, name="bd"),
                             collective="broadcast", name="bd", differences={"dtype": dtypes})
     assert f"rank {rt.size() - 1} sent dtype bool" in str(error)
+    riding = last_differs((8 << 10,), ((8 << 10) + 8,))
+    expect_mismatch(lambda: rt.broadcast(np.zeros(mine(riding), np.uint8), 0, name="ride"),
+                    collective="broadcast", name="ride", differences={"shape": riding})
+    roots = last_differs(0, rt.size() - 1)
+    expect_mismatch(lambda: rt.broadcast_(np.zeros(8 << 10, np.uint8), mine(roots),
+                                          name="ride"),
+                    collective="broadcast", name="ride", differences={"root_rank": roots})
     big = last_differs((3 << 20,), (3 << 20, 1))
     expect_mismatch(lambda: rt.broadcast(np.zeros(mine(big), np.uint8), 0, name="big"),
                     collective="broadcast", name="big", differences={"shape": big})
