@@ -5,8 +5,8 @@
 built-in table keeps ringtrain's own algorithms up to 4 KiB (allreduce: recursive
 doubling up to ``recursive_doubling_max_bytes``; broadcast, allgather, reducescatter
 and alltoall: ``recursive_doubling``, their data in the agreement's own messages; on
-one node broadcast up to 128 KiB or 16 KiB, see :mod:`.tuning`) and takes MPI's own
-above, but for the larger allreduces and reducescatters, which take the
+one node broadcast up to 128 KiB or 16 KiB and reducescatter up to 32 KiB, see
+:mod:`.tuning`) and takes MPI's own above, but for the larger allreduces and reducescatters, which take the
 ring (the allreduce on one node only: MPI's own between nodes). Device tensors of ranks on one node are
 reduced on the GPUs through CUDA IPC (``ipc``) from ``ipc_min_bytes`` on.
 ``algorithm=`` on a call, then the ``*_algorithm`` settings, override the choice.
@@ -182,10 +182,11 @@ def _table_choice(collective: str, nbytes: int, size: int, settings: Settings,
         # links). Its reduce-scatter was not: as fast with one rank a node, slower with
         # several (recursive halving sends more across the links than the ring).
         return "native"
-    if chosen == "recursive_doubling" and collective == "broadcast" and \
-            nbytes > SMALL_MESSAGE_BYTES and layout is not None and len(layout.nodes) > 1:
-        # The larger broadcasts ride through the mailboxes of one node, sending the
-        # root's bytes once per rank; between nodes they would travel in every message.
+    if chosen == "recursive_doubling" and nbytes > SMALL_MESSAGE_BYTES and \
+            layout is not None and len(layout.nodes) > 1:
+        # Broadcasts and reduce-scatters ride above the small sizes where they were
+        # measured, through the mailboxes of one node (a broadcast's bytes sent once
+        # per rank there); between nodes every message would carry them all.
         return "native"
     return chosen
 

@@ -64,10 +64,13 @@ FOLDED_CARRIED_BROADCAST_MAX_BYTES = 16 * 1024
 hops to the bytes' way (at 3 ranks, in place, riding was slower than MPI's own from
 32 KiB)."""
 
-RING_REDUCESCATTER_MIN_BYTES = 64 * 1024
-"""From above this size the built-in table's reducescatter takes the ring (checked and run
-in one compiled call; measured faster than MPI's own from 128 KiB at 2, 3 and 4 ranks on
-one node, see docs/benchmarks.md)."""
+CARRIED_REDUCESCATTER_MAX_BYTES = 32 * 1024
+"""Up to this size the built-in table's reducescatter over 3 or more ranks rides in the
+agreement, and takes the ring above (checked and run in one compiled call); over 2 ranks
+the ring takes over above :data:`SMALL_MESSAGE_BYTES`. Measured on one node against MPI's
+own reduce-scatter behind the check, which the table took before from 4 to 64 KiB: riding
+0.90-1.35x MPI's own alone at 3 and 4 ranks from 8 to 32 KiB (MPI's own behind the check
+0.52-0.79x), the ring 1.04-3.4x at 2 ranks from 16 KiB (see docs/benchmarks.md)."""
 
 _NOT_TABULATED = ("auto", "ipc")
 
@@ -192,11 +195,12 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
     messages (broadcast up to :data:`CARRIED_BROADCAST_MAX_BYTES` or
     :data:`FOLDED_CARRIED_BROADCAST_MAX_BYTES`, but the binomial
     tree or the pipeline up to :data:`SMALL_MESSAGE_BYTES` where
-    ``broadcast_pipeline_min_bytes`` is set below it); MPI's own above, which was
-    measured faster on one node, but for reducescatters above
-    :data:`RING_REDUCESCATTER_MIN_BYTES`, which take the ring as allreduces do. (Where
-    the ranks span nodes, ``auto`` takes MPI's own instead of this table's allreduce
-    ring and broadcasts above :data:`SMALL_MESSAGE_BYTES`: see :mod:`._selection`.)
+    ``broadcast_pipeline_min_bytes`` is set below it; reducescatter up to
+    :data:`CARRIED_REDUCESCATTER_MAX_BYTES` over 3 or more ranks); MPI's own above, which
+    was measured faster on one node, but for reducescatters, which take the ring as
+    allreduces do. (Where the ranks span nodes, ``auto`` takes MPI's own instead of this
+    table's allreduce ring, and of riding above :data:`SMALL_MESSAGE_BYTES`: see
+    :mod:`._selection`.)
     """
     own = SMALL_MESSAGE_BYTES
     if collective == "allreduce":
@@ -211,8 +215,8 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
         tree = (Range(start - 1, "binomial"),) if start > 0 else ()
         return (*tree, Range(own, "pipeline"), Range(None, "native"))
     if collective == "reducescatter":
-        return (Range(own, "recursive_doubling"),
-                Range(RING_REDUCESCATTER_MIN_BYTES, "native"), Range(None, "ring"))
+        carried = own if group_size <= 2 else CARRIED_REDUCESCATTER_MAX_BYTES
+        return (Range(carried, "recursive_doubling"), Range(None, "ring"))
     return (Range(own, "recursive_doubling"), Range(None, "native"))
 
 

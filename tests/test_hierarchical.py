@@ -79,7 +79,7 @@ def test_auto_goes_hierarchical_only_across_nodes_and_above_the_threshold(sizes,
 
 
 @pytest.mark.parametrize("sizes", [(2,), (4,), (1, 1, 1), (2, 2)])
-def test_larger_broadcasts_ride_in_the_agreement_only_on_one_node(sizes):
+def test_larger_broadcasts_and_reducescatters_ride_in_the_agreement_only_on_one_node(sizes):
     settings = Settings(hierarchical_min_bytes=1 << 20)
     shape = layout(*sizes)
     size = sum(sizes)
@@ -92,6 +92,11 @@ def test_larger_broadcasts_ride_in_the_agreement_only_on_one_node(sizes):
     for nbytes in (tuning.CARRIED_BROADCAST_MAX_BYTES + 1, 1 << 20):
         assert broadcast_algorithm(None, nbytes, size, settings, "t", shape) == \
             ("hierarchical" if nbytes >= 1 << 20 and len(sizes) == 2 else "native")
+    scattered = reducescatter_algorithm(None, 8 * 1024, size, settings, "t", shape)
+    assert scattered == ("ring" if size == 2 else
+                         "recursive_doubling" if one_node else "native")
+    assert reducescatter_algorithm(None, tuning.SMALL_MESSAGE_BYTES, size, settings, "t",
+                                   shape) == "recursive_doubling"
 
 
 @pytest.mark.parametrize("sizes, pays", [((4,), False), ((1, 1, 1), False), ((2, 2), True),

@@ -87,7 +87,7 @@ def test_the_built_in_allreduce_ring_is_for_one_node_and_mpi_takes_over_between_
     assert allreduce_algorithm(None, above, 2, SETTINGS, "t", layout(1, 1)) == "native"
     assert allreduce_algorithm(None, SETTINGS.hierarchical_min_bytes, 4, SETTINGS, "t",
                                layout(2, 2)) == "hierarchical"
-    big = tuning.RING_REDUCESCATTER_MIN_BYTES + 1
+    big = tuning.CARRIED_REDUCESCATTER_MAX_BYTES + 1
     assert reducescatter_algorithm(None, big, 4, SETTINGS, "t", layout(4)) == "ring"
     # the reduce-scatter's ring stays between nodes (MPI's own was slower there)
     assert reducescatter_algorithm(None, big, 4, SETTINGS, "t", layout(2, 2)) == "ring"
@@ -119,7 +119,6 @@ def test_the_built_in_table_keeps_small_messages_and_takes_the_ring_or_mpi_above
     assert default_choice("broadcast", small, 4,
                           Settings(broadcast_pipeline_min_bytes=1024)) == "pipeline"
     for collective, own in (("allgather", "recursive_doubling"),
-                            ("reducescatter", "recursive_doubling"),
                             ("alltoall", "recursive_doubling")):
         assert default_choice(collective, small, 3, SETTINGS) == own
         assert default_choice(collective, big, 3, SETTINGS) == "native"
@@ -129,10 +128,12 @@ def test_the_built_in_table_keeps_small_messages_and_takes_the_ring_or_mpi_above
                            (6, tuning.FOLDED_CARRIED_BROADCAST_MAX_BYTES)):
         assert default_choice("broadcast", carried, ranks, SETTINGS) == "recursive_doubling"
         assert default_choice("broadcast", carried + 1, ranks, SETTINGS) == "native"
-    ring_from = tuning.RING_REDUCESCATTER_MIN_BYTES + 1
-    for ranks in (2, 3, 4):
-        assert default_choice("reducescatter", ring_from - 1, ranks, SETTINGS) == "native"
-        assert default_choice("reducescatter", ring_from, ranks, SETTINGS) == "ring"
+    for ranks, carried in ((2, small), (3, tuning.CARRIED_REDUCESCATTER_MAX_BYTES),
+                           (4, tuning.CARRIED_REDUCESCATTER_MAX_BYTES)):
+        assert default_choice("reducescatter", carried, ranks, SETTINGS) == \
+            "recursive_doubling"
+        assert default_choice("reducescatter", carried + 1, ranks, SETTINGS) == "ring"
+        assert default_choice("reducescatter", 1 << 30, ranks, SETTINGS) == "ring"
         assert default_choice("allgather", 1 << 30, ranks, SETTINGS) == "native"
     # the recursive-doubling setting still reaches above the small messages
     assert default_choice("allreduce", 1 << 20,
