@@ -65,7 +65,8 @@ from ..kernels.reduction import Combine
 from . import _name_matching, _recursive_doubling, timeline
 from ._activity import ACTIVITY
 from ._compiled_exchange import (DIFFERENT, HEADERS, HEADERS_IF_DIFFERENT, PAYLOADS, UNEVEN,
-                                 CompiledExchange, compiled_exchange, payload_code)
+                                 ALL_WORDS, CELL_DATA, CompiledExchange, cells_length,
+                                 compiled_exchange, pack_cells, payload_code, unpack_cells)
 from ._compiled_ring import checked_ring as compiled_ring
 from ._finishing import Finisher
 from ._tracing import phase
@@ -387,18 +388,77 @@ class CarriedBroadcast:
 
     def _held_in_python(self, fresh_header: np.ndarray, source: np.ndarray,
                         result: np.ndarray) -> int:
-        buffers = self._buffers
-        buffers.header_bytes[:] = fresh_header
         if self._root and source.ctypes.data != result.ctypes.data:
             result[:] = source
-        _recursive_doubling.exchange(
-            self.group, buffers.alone, buffers.receive, buffers.combine_differing,
+        buffers = self._buffers
+        return _exchange_through_mailboxes(
+            self.group, buffers, fresh_header, buffers.alone, buffers.combine_differing,
             _HeldTransport(self._mailboxes, buffers, result, self._root, self._root_rank))
-        return 0 if buffers.signature == fresh_header[:SIGNATURE_BYTES].tobytes() \
-            else DIFFERENT
 
 
-class _HeldTransport:
+def _exchange_through_mailboxes(group: Group, buffers: _Buffers, fresh_header: np.ndarray,
+                                message: np.ndarray, fold: Callable[[np.ndarray], None],
+                                transport: _MailboxTransport) -> int:
+    """The agreement's exchange from Python with ``fresh_header`` at the head of
+    ``message`` (the agreement's), folded by ``fold``, what follows ``message`` made and
+    taken by ``transport``: 0 where every rank's signature was ours, else
+    :data:`DIFFERENT`."""
+    buffers.header_bytes[:] = fresh_header
+    _recursive_doubling.exchange(group, message, buffers.receive, fold, transport)
+    return 0 if buffers.signature == fresh_header[:SIGNATURE_BYTES].tobytes() else DIFFERENT
+
+
+class _MailboxTransport:
+    """The mailboxes as :func:`._recursive_doubling.exchange` sees them when a call's
+    data rides behind the header: subclasses make each message and take each one
+    received."""
+
+    def __init__(self, mailboxes: Any, buffers: _Buffers):
+        self._mailboxes, self._buffers = mailboxes, buffers
+
+    def Send(self, message: np.ndarray, destination: int, tag: int = 0) -> None:
+        raise NotImplementedError
+
+    def Recv(self, receive: np.ndarray, source: int, tag: int = 0) -> None:
+        raise NotImplementedError
+
+    def Sendrecv(self, message: np.ndarray, destination: int, sendtag: int,
+                 receive: np.ndarray, source: int, recvtag: int) -> None:
+        self.Send(message, destination)
+        self.Recv(receive, source)
+
+    def _same_call(self) -> bool:
+        """Whether the message just received was sent by a rank whose signature is ours."""
+        return self._buffers.received_signature == self._buffers.signature
+
+
+class _CellTransport(_MailboxTransport):
+    """A gather's messages from Python, as the compiled gather sends them: the header and
+    the words (the message given), then, where the gather carries data, the data of the
+    ranks ``known`` (:func:`._compiled_exchange.pack_cells`); a received message's data
+    taken into ``result`` where the partner's signature is this rank's."""
+
+    def __init__(self, mailboxes: Any, buffers: _Buffers, cells: np.ndarray,
+                 known: np.ndarray, result: np.ndarray):
+        super().__init__(mailboxes, buffers)
+        self._cells, self._known, self._result = cells, known, result
+
+    def Send(self, message: np.ndarray, destination: int, tag: int = 0) -> None:
+        length = message.nbytes
+        if self._cells[CELL_DATA]:
+            pack_cells(message.ctypes.data + length, self._cells, self._known, self._result)
+            length += cells_length(self._cells, self._known)
+        self._mailboxes.Send(self._buffers.message[:length], destination)
+
+    def Recv(self, receive: np.ndarray, source: int, tag: int = 0) -> None:
+        length = min(self._mailboxes.Recv(receive, source), receive.size)
+        head = HEADER_BYTES + int(self._cells[ALL_WORDS])
+        if self._cells[CELL_DATA] and length > head and self._same_call():
+            unpack_cells(receive.ctypes.data + head, length - head, self._cells,
+                         self._known, self._result)
+
+
+class _HeldTransport(_MailboxTransport):
     """The mailboxes as :func:`._recursive_doubling.exchange` sees them in a broadcast
     riding in Python, sending what the compiled broadcast sends: the header, followed by
     ``result`` where this rank holds the root's bytes (but to the root, group rank
@@ -407,8 +467,8 @@ class _HeldTransport:
 
     def __init__(self, mailboxes: Any, buffers: _Buffers, result: np.ndarray, holds: bool,
                  root: int):
-        self._mailboxes, self._buffers, self._result = mailboxes, buffers, result
-        self._holds, self._root = holds, root
+        super().__init__(mailboxes, buffers)
+        self._result, self._holds, self._root = result, holds, root
 
     def Send(self, message: np.ndarray, destination: int, tag: int = 0) -> None:
         length = HEADER_BYTES
@@ -419,16 +479,10 @@ class _HeldTransport:
 
     def Recv(self, receive: np.ndarray, source: int, tag: int = 0) -> None:
         length = self._mailboxes.Recv(receive, source)
-        buffers, count = self._buffers, self._result.size
-        if not self._holds and length == HEADER_BYTES + count and \
-                buffers.received_signature == buffers.signature:
+        count = self._result.size
+        if not self._holds and length == HEADER_BYTES + count and self._same_call():
             self._result[:] = receive[HEADER_BYTES:HEADER_BYTES + count]
             self._holds = True
-
-    def Sendrecv(self, message: np.ndarray, destination: int, sendtag: int,
-                 receive: np.ndarray, source: int, recvtag: int) -> None:
-        self.Send(message, destination)
-        self.Recv(receive, source)
 
 
 class CarriedGather:
@@ -436,31 +490,73 @@ class CarriedGather:
     rank's ``width`` int64 words, and its ``data_bytes`` bytes of data where every
     rank's data fits in the payload (else none is carried).
 
-    Each rank puts its words, and its data at the offset it would have if every rank
-    gave as many bytes as this one, into zeros; the ranks combine by bitwise or (a
-    :class:`CarriedReduction` of bytes).
+    The result holds every rank's words, then every rank's data at the offset it would
+    have if every rank gave as many bytes as this one. Each rank puts its words into
+    zeros, and the ranks combine them by bitwise or at every step. Through the node's
+    mailboxes each message then carries the data its sender knows by then, and a rank
+    takes what it lacks from a partner whose call is its own: one compiled call
+    (:meth:`._compiled_exchange.CompiledExchange.gather_held`), or the same messages from
+    Python (:class:`_CellTransport`). Elsewhere the data is or'ed too, each rank's at its
+    place in zeros (a :class:`CarriedReduction` of bytes).
 
     Attributes:
         carries_data: whether the data rides along.
     """
 
-    __slots__ = ("carries_data", "_reduction", "_source", "_words", "_data", "_shape",
-                 "_word_bytes", "_given")
+    __slots__ = ("carries_data", "group", "_reduction", "_held", "_buffers", "_mailboxes",
+                 "_cells", "_known", "_source", "_words", "_data", "_shape", "_word_bytes",
+                 "_given")
 
     def __init__(self, group: Group, call: Call, width: int, data_bytes: int):
         size, rank = group.size, group.rank
+        self.group = group
+        self._buffers = buffers = _buffers_of(group)
         word_bytes = 8 * size * width
-        self.carries_data = 0 < data_bytes and \
-            word_bytes + size * data_bytes <= PAYLOAD_CAPACITY
+        self._mailboxes = mailboxes_of(group)
+        # Through the mailboxes the data is preceded by a count and the ranks it is of.
+        room = PAYLOAD_CAPACITY - (0 if self._mailboxes is None else 16 + 8 * size)
+        self.carries_data = 0 < data_bytes and word_bytes + size * data_bytes <= room
         mine = data_bytes if self.carries_data else 0
         total = word_bytes + size * mine
-        self._reduction = CarriedReduction(group, call, BYTES, total, np.bitwise_or, None)
         self._source = np.zeros(total, np.uint8)
         self._words = self._source[:word_bytes].view(np.int64)[rank * width:
                                                                (rank + 1) * width]
         self._data = self._source[word_bytes + rank * mine:word_bytes + (rank + 1) * mine]
         self._shape, self._word_bytes = (size, width), word_bytes
         self._given: np.ndarray | None = None
+        self._held: CheckedCollective | None = None
+        if self._mailboxes is None:
+            self._reduction = CarriedReduction(group, call, BYTES, total, np.bitwise_or, None)
+            return
+        self._cells = np.array([rank, mine, word_bytes], np.int64)
+        self._known = np.zeros(size, np.uint8)
+        held = None if buffers.compiled is None else buffers.compiled.gather_held(
+            buffers.message, buffers.receive, self._cells, self._known)
+        self._held = CheckedCollective(group, call, buffers, held or self._held_in_python, 0)
+
+    def _held_in_python(self, fresh_header: np.ndarray, source: np.ndarray,
+                        result: np.ndarray) -> int:
+        rank, data, all_words = self._cells.tolist()
+        buffers, known = self._buffers, self._known
+        known[:] = 0
+        known[rank] = 1
+        own = slice(all_words + rank * data, all_words + (rank + 1) * data)
+        result[own] = source[own]
+        words = buffers.message[HEADER_BYTES:HEADER_BYTES + all_words]
+        received = buffers.receive[HEADER_BYTES:HEADER_BYTES + all_words]
+        words[:] = source[:all_words]
+
+        def fold(_: np.ndarray) -> None:
+            if buffers.received_signature == buffers.signature:
+                np.bitwise_or(words, received, out=words)
+            else:
+                buffers.combine_headers()
+
+        verdict = _exchange_through_mailboxes(
+            self.group, buffers, fresh_header, buffers.message[:HEADER_BYTES + all_words],
+            fold, _CellTransport(self._mailboxes, buffers, self._cells, known, result))
+        result[:all_words] = words
+        return verdict
 
     def run(self, words: np.ndarray, data: np.ndarray) -> tuple[np.ndarray,
                                                               np.ndarray | None]:
@@ -484,7 +580,10 @@ class CarriedGather:
         if self.carries_data:
             self._data[:] = data
         result = np.empty(self._source.size, np.uint8)
-        self._reduction.run(self._source, result, 1.0)
+        if self._held is not None:
+            self._held.run(self._source, result)
+        else:
+            self._reduction.run(self._source, result, 1.0)
         return result[:self._word_bytes].view(np.int64).reshape(self._shape), \
             result[self._word_bytes:] if self.carries_data else None
 

@@ -254,8 +254,8 @@ def _give_held(state, boxes, counters, peer: int, message, header_bytes: int, da
 @numba.njit(cache=True, nogil=True)
 def _take_held(state, boxes, counters, peer: int, message, receive, header_bytes: int, data,
                holds: bool, adopt: bool) -> bool:
-    """Take ``peer``'s message: its header folded into ours (``adopt``: replacing it),
-    its data copied from the mailbox into ``data`` where it carries the root's data,
+    """Take ``peer``'s message: its header folded into ours as the exchange folds headers
+    (``adopt``: replacing ours), its data copied from the mailbox into ``data`` where it carries the root's data,
     this rank holds none yet and the signatures are equal; whether this rank holds the
     data now."""
     base = mailbox_arrival(boxes, counters, peer, state[_YIELD])
@@ -272,12 +272,8 @@ def _take_held(state, boxes, counters, peer: int, message, receive, header_bytes
     mailbox_consume(boxes, counters, peer, base)
     if adopt:
         copy_bytes(message.ctypes.data, receive.ctypes.data, header_bytes)
-    elif not same:
-        header = message[:header_bytes].view(np.int64)
-        theirs = receive[:header_bytes].view(np.int64)
-        for i in range(state[_HEADER_WORDS]):
-            if theirs[i] > header[i]:
-                header[i] = theirs[i]
+    else:
+        _fold(state, message, receive, HEADERS_IF_DIFFERENT, 0, message[:0], receive[:0])
     return holds
 
 
@@ -323,6 +319,151 @@ def _broadcast_held(plan, handles, root_rank: int, root: bool, fresh_header, sou
     for i in range(state[_SIGNATURE_BYTES]):
         if message[i] != fresh_header[i]:
             return DIFFERENT
+    return 0
+
+
+# Words of a gather's cells (int64): this rank, the bytes of a rank's data, and of every
+# rank's words (where the data starts in a gather's result and its messages' payload).
+CELL_RANK, CELL_DATA, ALL_WORDS = range(3)
+
+
+@numba.njit(cache=True, nogil=True)
+def cells_length(cells, known) -> int:
+    """The bytes :func:`pack_cells` writes for the ranks ``known`` (uint8, 1: known)."""
+    count = 0
+    for r in range(known.size):
+        count += known[r]
+    return 16 + count * (8 + cells[CELL_DATA])
+
+
+@numba.njit(cache=True, nogil=True)
+def pack_cells(at: int, cells, known, result) -> None:
+    """Write at address ``at`` the data of every rank ``known`` from ``result`` (laid out
+    as a gather's result: every rank's words, then every rank's data): the bytes of a
+    rank's data, how many ranks, their ranks, then their data."""
+    data, all_words = cells[CELL_DATA], cells[ALL_WORDS]
+    head = numba.carray(void_pointer(at), 2 + known.size, np.int64)
+    count = 0
+    for r in range(known.size):
+        if known[r]:
+            head[2 + count] = r
+            count += 1
+    head[0], head[1] = data, count
+    offset = at + 8 * (2 + count)
+    for i in range(count):
+        copy_bytes(offset, result.ctypes.data + all_words + head[2 + i] * data, data)
+        offset += data
+
+
+@numba.njit(cache=True, nogil=True)
+def unpack_cells(at: int, length: int, cells, known, result) -> None:
+    """Take into ``result`` the data at address ``at`` (``length`` bytes, as
+    :func:`pack_cells` writes it) of the ranks not ``known`` yet, and know them; where
+    the sender's ranks give more or fewer bytes than this one, nothing (the ranks' words
+    differ then, and the data is not used)."""
+    data, all_words = cells[CELL_DATA], cells[ALL_WORDS]
+    head = numba.carray(void_pointer(at), 2, np.int64)
+    cell, count = head[0], head[1]
+    if cell != data or count < 0 or count > known.size or 16 + count * (8 + cell) > length:
+        return
+    ranks = numba.carray(void_pointer(at + 16), count, np.int64)
+    offset = at + 8 * (2 + count)
+    for i in range(count):
+        r = ranks[i]
+        if 0 <= r < known.size and not known[r]:
+            copy_bytes(result.ctypes.data + all_words + r * data, offset, data)
+            known[r] = 1
+        offset += data
+
+
+@numba.njit(cache=True, nogil=True)
+def _give_cells(state, boxes, counters, peer: int, message, head_bytes: int, cells, known,
+                result) -> None:
+    """Send the header and every rank's words (``head_bytes`` of ``message``), then the
+    data this rank knows, if the gather carries data."""
+    length = head_bytes + (cells_length(cells, known) if cells[CELL_DATA] else 0)
+    base = mailbox_claim(boxes, counters, length, state[_YIELD])
+    at = mailbox_data(boxes, base)
+    copy_bytes(at, message.ctypes.data, head_bytes)
+    if cells[CELL_DATA]:
+        pack_cells(at + head_bytes, cells, known, result)
+    mailbox_publish(boxes, counters, base, peer, length)
+
+
+@numba.njit(cache=True, nogil=True)
+def _take_cells(state, boxes, counters, peer: int, message, receive, head_bytes: int, cells,
+                known, result, adopt: bool) -> None:
+    """Take ``peer``'s message: its header and words folded into ours as the exchange
+    folds payloads combined by bitwise or (``adopt``: replacing ours), its data taken
+    where its signature is ours."""
+    base = mailbox_arrival(boxes, counters, peer, state[_YIELD])
+    at, length = mailbox_data(boxes, base), mailbox_length(boxes, base)
+    copy_bytes(receive.ctypes.data, at, min(length, head_bytes))
+    same = True
+    for i in range(state[_SIGNATURE_BYTES]):
+        if message[i] != receive[i]:
+            same = False
+            break
+    if same and cells[CELL_DATA] and length > head_bytes:
+        unpack_cells(at + head_bytes, length - head_bytes, cells, known, result)
+    mailbox_consume(boxes, counters, peer, base)
+    if adopt:
+        copy_bytes(message.ctypes.data, receive.ctypes.data, head_bytes)
+    else:
+        header_bytes = 8 * state[_HEADER_WORDS]
+        _fold(state, message, receive, PAYLOADS, _BITWISE_OR,
+              message[header_bytes:head_bytes], receive[header_bytes:head_bytes])
+
+
+@numba.njit(cache=True, nogil=True)
+def _gather_held(plan, handles, cells, known, fresh_header, source, result) -> int:
+    """A whole small gather through the mailboxes, in the agreement's schedule and with
+    its headers: ``source`` and ``result`` laid out as a gather's result (every rank's
+    words, then every rank's data), ``source`` holding this rank's words and data at its
+    place and zeros in the other ranks' words. The words travel as
+    :meth:`CompiledExchange.checked_collective` sends them (every rank's, combined by
+    bitwise or at every step); behind them each message carries the data its sender
+    knows by then (``known``: scratch, one byte per rank), which a rank takes from a
+    partner whose signature is its own. 0, or :data:`DIFFERENT` when some rank's
+    signature differed (``result`` then unspecified)."""
+    state = numba.carray(void_pointer(plan[_AT_STATE]), plan[_STATE_WORDS], np.int64)
+    boxes = numba.carray(void_pointer(plan[_AT_BOXES]), plan[_BOX_WORDS], np.int64)
+    counters = numba.carray(void_pointer(plan[_AT_COUNTERS]), plan[_COUNTER_WORDS], np.int64)
+    message = numba.carray(void_pointer(plan[_AT_MESSAGE]), plan[_MESSAGE_BYTES], np.uint8)
+    receive = numba.carray(void_pointer(plan[_AT_RECEIVE]), plan[_RECEIVE_BYTES], np.uint8)
+    header_bytes, all_words = fresh_header.size, cells[ALL_WORDS]
+    head_bytes = header_bytes + all_words
+    copy_bytes(message.ctypes.data, fresh_header.ctypes.data, header_bytes)
+    copy_bytes(message.ctypes.data + header_bytes, source.ctypes.data, all_words)
+    rank, data = cells[CELL_RANK], cells[CELL_DATA]
+    for r in range(known.size):
+        known[r] = 0
+    known[rank] = 1
+    own = all_words + rank * data
+    copy_bytes(result.ctypes.data + own, source.ctypes.data + own, data)
+    folded_into, folded_from = state[_FOLDED_INTO], state[_FOLDED_FROM]
+    if folded_into >= 0:
+        _give_cells(state, boxes, counters, folded_into, message, head_bytes, cells, known,
+                    result)
+        _take_cells(state, boxes, counters, folded_into, message, receive, head_bytes,
+                    cells, known, result, True)
+    else:
+        if folded_from >= 0:
+            _take_cells(state, boxes, counters, folded_from, message, receive, head_bytes,
+                        cells, known, result, False)
+        for step in range(state[_PARTNER_COUNT]):
+            peer = state[_PARTNERS + step]
+            _give_cells(state, boxes, counters, peer, message, head_bytes, cells, known,
+                        result)
+            _take_cells(state, boxes, counters, peer, message, receive, head_bytes, cells,
+                        known, result, False)
+        if folded_from >= 0:
+            _give_cells(state, boxes, counters, folded_from, message, head_bytes, cells,
+                        known, result)
+    for i in range(state[_SIGNATURE_BYTES]):
+        if message[i] != fresh_header[i]:
+            return DIFFERENT
+    copy_bytes(result.ctypes.data, message.ctypes.data + header_bytes, all_words)
     return 0
 
 
@@ -509,6 +650,20 @@ class CompiledExchange:
             return None
         return self.checked(_broadcast_held, message, receive, self._header_bytes, root,
                             self._rank == root)
+
+    def gather_held(self, message: np.ndarray, receive: np.ndarray, cells: np.ndarray,
+                    known: np.ndarray) -> Callable[[np.ndarray, np.ndarray, np.ndarray],
+                                                   int] | None:
+        """A small gather in one compiled call through the group's mailboxes, bound to
+        the agreement's messages: ``run(fresh_header, source, result)`` runs the
+        exchange's schedule with the headers as :meth:`run` does in mode
+        :data:`HEADERS_IF_DIFFERENT`, each message carrying the cells (words and data,
+        laid out as ``cells`` says) its sender knows, into ``result`` on every rank; 0,
+        or :data:`DIFFERENT`. None where the group has no mailboxes."""
+        if not self._boxes.size:
+            return None
+        return self.checked(_gather_held, message, receive, self._header_bytes, cells,
+                            known)
 
     def checked(self, compiled: Callable[..., int], message: np.ndarray,
                 receive: np.ndarray, length: int, *arguments: np.ndarray,

@@ -5,10 +5,11 @@
 built-in table keeps ringtrain's own algorithms up to 4 KiB (allreduce: recursive
 doubling up to ``recursive_doubling_max_bytes``; broadcast, allgather, reducescatter
 and alltoall: ``recursive_doubling``, their data in the agreement's own messages; on
-one node broadcast up to 128 KiB or 16 KiB and reducescatter up to 32 KiB, see
-:mod:`.tuning`) and takes MPI's own above, but for the larger allreduces and reducescatters, which take the
-ring (the allreduce on one node only: MPI's own between nodes). Device tensors of ranks on one node are
-reduced on the GPUs through CUDA IPC (``ipc``) from ``ipc_min_bytes`` on.
+one node broadcast up to 128 KiB or 16 KiB, allgather up to 64 KiB and reducescatter up
+to 32 KiB, see :mod:`.tuning`) and takes MPI's own above, but for the larger allreduces
+and reducescatters, which take the ring (the allreduce on one node only: MPI's own
+between nodes). Device tensors of ranks on one node are reduced on the GPUs through
+CUDA IPC (``ipc``) from ``ipc_min_bytes`` on.
 ``algorithm=`` on a call, then the ``*_algorithm`` settings, override the choice.
 
 When the ranks span several nodes and some node holds more than one of them, allreduce,

@@ -64,6 +64,13 @@ FOLDED_CARRIED_BROADCAST_MAX_BYTES = 16 * 1024
 hops to the bytes' way (at 3 ranks, in place, riding was slower than MPI's own from
 32 KiB)."""
 
+CARRIED_ALLGATHER_MAX_BYTES = 64 * 1024
+"""Up to this size (the gathered output) the built-in table's allgather rides in the
+agreement: through the node's mailboxes, each message carrying the rows its sender has
+gathered so far, it was measured at 0.84-1.33x MPI's own allgather alone from 16 to
+64 KiB at 2, 3 and 4 ranks on one node, where MPI's own behind the check ran at
+0.38-0.67x (see docs/benchmarks.md)."""
+
 CARRIED_REDUCESCATTER_MAX_BYTES = 32 * 1024
 """Up to this size the built-in table's reducescatter over 3 or more ranks rides in the
 agreement, and takes the ring above (checked and run in one compiled call); over 2 ranks
@@ -195,7 +202,8 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
     messages (broadcast up to :data:`CARRIED_BROADCAST_MAX_BYTES` or
     :data:`FOLDED_CARRIED_BROADCAST_MAX_BYTES`, but the binomial
     tree or the pipeline up to :data:`SMALL_MESSAGE_BYTES` where
-    ``broadcast_pipeline_min_bytes`` is set below it; reducescatter up to
+    ``broadcast_pipeline_min_bytes`` is set below it; allgather up to
+    :data:`CARRIED_ALLGATHER_MAX_BYTES`, reducescatter up to
     :data:`CARRIED_REDUCESCATTER_MAX_BYTES` over 3 or more ranks); MPI's own above, which
     was measured faster on one node, but for reducescatters, which take the ring as
     allreduces do. (Where the ranks span nodes, ``auto`` takes MPI's own instead of this
@@ -217,6 +225,9 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
     if collective == "reducescatter":
         carried = own if group_size <= 2 else CARRIED_REDUCESCATTER_MAX_BYTES
         return (Range(carried, "recursive_doubling"), Range(None, "ring"))
+    if collective == "allgather":
+        return (Range(CARRIED_ALLGATHER_MAX_BYTES, "recursive_doubling"),
+                Range(None, "native"))
     return (Range(own, "recursive_doubling"), Range(None, "native"))
 
 

@@ -402,13 +402,13 @@ def large_allgathers_and_alltoalls_check_and_move_in_one_compiled_call():
 
 @check()
 def allgather_rows_ride_in_the_agreement_only_where_the_table_says_so():
-    """``auto``'s rows ride, zero-padded, in the agreement's recursive doubling only
-    where the tuning table takes recursive doubling for the gathered size; above it (16
-    KiB of rows a rank here, under the messages' capacity) MPI's own allgather moves
-    them, in the same compiled call as the check."""
+    """``auto``'s rows ride in the agreement's recursive doubling only
+    where the tuning table takes recursive doubling for the gathered size; above it (96
+    KiB gathered here, under the messages' capacity) MPI's own allgather moves them, in
+    the same compiled call as the check."""
     k, me = rt.size(), rt.rank()
     settings = rt.current_settings()
-    for row_count in (4, 4096):
+    for row_count in (4, 4096 // k, 24576 // k):
         inputs = [make_input(r, (row_count,), np.float32, None, "ride") for r in range(k)]
         plan = _AllgatherPlan(inputs[me], "ride", None, None, False)
         rides = auto_choice("allgather", inputs[me].nbytes * k, k, settings,
@@ -417,6 +417,31 @@ def allgather_rows_ride_in_the_agreement_only_where_the_table_says_so():
         assert (plan.checked is not None) == (k > 1 and not rides), row_count
         assert_equal_arrays(rt.allgather(inputs[me], name="ride"), np.concatenate(inputs),
                             f"allgather of {row_count} rows a rank")
+
+
+@check()
+def allgathers_ride_in_the_agreement_up_to_64_kib_even_and_uneven():
+    """Gathered sizes from 4 KiB to 64 KiB ride through the node's mailboxes, each
+    message carrying the rows its sender has by then: every dtype's bytes, odd row
+    sizes, equal and unequal row counts (the rows then follow by the ring), and 0-row
+    ranks; each call followed by a small allreduce that must find the agreement's
+    messages in step."""
+    k, me = rt.size(), rt.rank()
+    for total in (4 * 1024, 16 * 1024 + 24, 64 * 1024):
+        for dtype in (np.float64, np.int8, np.float32):
+            width = 3
+            rows = max(1, total // (k * width * np.dtype(dtype).itemsize))
+            for counts in ([rows] * k, [rows + r % 3 - 1 for r in range(k)],
+                           [0 if r == 0 else rows for r in range(k)]):
+                inputs = [make_input(r, (counts[r], width), dtype, None, "gather", total)
+                          for r in range(k)]
+                got = rt.allgather(inputs[me], name="ride")
+                assert_equal_arrays(got, np.concatenate(inputs),
+                                    f"allgather of {counts} rows of {width} {dtype.__name__}")
+                total_ranks = rt.allreduce(np.full(2, me + 1, np.int64), op=rt.Sum,
+                                           name="step")
+                assert_equal_arrays(total_ranks, np.full(2, k * (k + 1) // 2, np.int64),
+                                    f"allreduce after the allgather of {counts} rows")
 
 
 @check()

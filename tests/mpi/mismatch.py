@@ -395,6 +395,10 @@ def allgather_trailing_dims_mismatch():
                             differences={"shape[1:]": trailing})
     assert f"rank {k - 1} sent shape[1:] (4,)" in str(error)
     assert "sent shape[1:] (3,)" in str(error)
+    # rows that ride in the agreement's messages (8 KiB a rank)
+    dtypes = last_differs(np.dtype(np.float32), np.dtype(np.int32))
+    expect_mismatch(lambda: rt.allgather(np.ones(2048, mine(dtypes)), name="rows"),
+                    collective="allgather", name="rows", differences={"dtype": dtypes})
     library_still_works()
 
 
