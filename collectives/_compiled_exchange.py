@@ -294,32 +294,70 @@ def _broadcast_held(plan, handles, root_rank: int, root: bool, fresh_header, sou
     receive = numba.carray(void_pointer(plan[_AT_RECEIVE]), plan[_RECEIVE_BYTES], np.uint8)
     header_bytes = fresh_header.size
     copy_bytes(message.ctypes.data, fresh_header.ctypes.data, header_bytes)
-    holds = root
     if root and source.ctypes.data != result.ctypes.data:
         copy_bytes(result.ctypes.data, source.ctypes.data, result.size)
-    folded_into, folded_from = state[_FOLDED_INTO], state[_FOLDED_FROM]
-    if folded_into >= 0:
-        _give_held(state, boxes, counters, folded_into, message, header_bytes, result, holds,
-                   root_rank)
-        holds = _take_held(state, boxes, counters, folded_into, message, receive,
-                           header_bytes, result, holds, True)
-    else:
-        if folded_from >= 0:
-            holds = _take_held(state, boxes, counters, folded_from, message, receive,
-                               header_bytes, result, holds, False)
-        for step in range(state[_PARTNER_COUNT]):
-            peer = state[_PARTNERS + step]
-            _give_held(state, boxes, counters, peer, message, header_bytes, result, holds,
-                       root_rank)
-            holds = _take_held(state, boxes, counters, peer, message, receive, header_bytes,
-                               result, holds, False)
-        if folded_from >= 0:
-            _give_held(state, boxes, counters, folded_from, message, header_bytes, result,
-                       holds, root_rank)
+    holding = np.array([1 if root else 0, root_rank], np.int64)
+    _walk_riding(state, boxes, counters, message, receive, header_bytes, _RIDE_BROADCAST,
+                 holding, holding, result)
     for i in range(state[_SIGNATURE_BYTES]):
         if message[i] != fresh_header[i]:
             return DIFFERENT
     return 0
+
+
+_RIDE_BROADCAST, _RIDE_GATHER = range(2)
+"""What rides behind the headers in :func:`_walk_riding`."""
+
+
+@numba.njit(cache=True, nogil=True)
+def _walk_riding(state, boxes, counters, message, receive, head_bytes: int, kind: int,
+                 cells, known, result) -> None:
+    """The exchange's schedule (:func:`_exchange`) with data riding behind the first
+    ``head_bytes`` of ``message``: a broadcast's (``kind`` :data:`_RIDE_BROADCAST`;
+    ``known``: whether this rank holds the root's bytes, then the root's rank) or a
+    gather's (:data:`_RIDE_GATHER`; ``cells`` and ``known`` as :func:`_gather_held`
+    takes them)."""
+    folded_into, folded_from = state[_FOLDED_INTO], state[_FOLDED_FROM]
+    if folded_into >= 0:
+        _give_riding(state, boxes, counters, folded_into, message, head_bytes, kind, cells,
+                     known, result)
+        _take_riding(state, boxes, counters, folded_into, message, receive, head_bytes, kind,
+                     cells, known, result, True)
+        return
+    if folded_from >= 0:
+        _take_riding(state, boxes, counters, folded_from, message, receive, head_bytes, kind,
+                     cells, known, result, False)
+    for step in range(state[_PARTNER_COUNT]):
+        peer = state[_PARTNERS + step]
+        _give_riding(state, boxes, counters, peer, message, head_bytes, kind, cells, known,
+                     result)
+        _take_riding(state, boxes, counters, peer, message, receive, head_bytes, kind, cells,
+                     known, result, False)
+    if folded_from >= 0:
+        _give_riding(state, boxes, counters, folded_from, message, head_bytes, kind, cells,
+                     known, result)
+
+
+@numba.njit(cache=True, nogil=True)
+def _give_riding(state, boxes, counters, peer: int, message, head_bytes: int, kind: int,
+                 cells, known, result) -> None:
+    if kind == _RIDE_BROADCAST:
+        _give_held(state, boxes, counters, peer, message, head_bytes, result, known[0] == 1,
+                   known[1])
+    else:
+        _give_cells(state, boxes, counters, peer, message, head_bytes, cells, known, result)
+
+
+@numba.njit(cache=True, nogil=True)
+def _take_riding(state, boxes, counters, peer: int, message, receive, head_bytes: int,
+                 kind: int, cells, known, result, adopt: bool) -> None:
+    if kind == _RIDE_BROADCAST:
+        holds = _take_held(state, boxes, counters, peer, message, receive, head_bytes,
+                           result, known[0] == 1, adopt)
+        known[0] = 1 if holds else 0
+    else:
+        _take_cells(state, boxes, counters, peer, message, receive, head_bytes, cells, known,
+                    result, adopt)
 
 
 # Words of a gather's cells (int64): this rank, the bytes of a rank's data, and of every
@@ -441,25 +479,8 @@ def _gather_held(plan, handles, cells, known, fresh_header, source, result) -> i
     known[rank] = 1
     own = all_words + rank * data
     copy_bytes(result.ctypes.data + own, source.ctypes.data + own, data)
-    folded_into, folded_from = state[_FOLDED_INTO], state[_FOLDED_FROM]
-    if folded_into >= 0:
-        _give_cells(state, boxes, counters, folded_into, message, head_bytes, cells, known,
-                    result)
-        _take_cells(state, boxes, counters, folded_into, message, receive, head_bytes,
-                    cells, known, result, True)
-    else:
-        if folded_from >= 0:
-            _take_cells(state, boxes, counters, folded_from, message, receive, head_bytes,
-                        cells, known, result, False)
-        for step in range(state[_PARTNER_COUNT]):
-            peer = state[_PARTNERS + step]
-            _give_cells(state, boxes, counters, peer, message, head_bytes, cells, known,
-                        result)
-            _take_cells(state, boxes, counters, peer, message, receive, head_bytes, cells,
-                        known, result, False)
-        if folded_from >= 0:
-            _give_cells(state, boxes, counters, folded_from, message, head_bytes, cells,
-                        known, result)
+    _walk_riding(state, boxes, counters, message, receive, head_bytes, _RIDE_GATHER, cells,
+                 known, result)
     for i in range(state[_SIGNATURE_BYTES]):
         if message[i] != fresh_header[i]:
             return DIFFERENT
