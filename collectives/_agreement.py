@@ -28,10 +28,12 @@ it casts: the largest finite magnitude (a non-negative float64 orders like its i
 bits) and the highest and lowest rank whose values hold inf or NaN.
 
 Small collectives ride in the same messages (:class:`CarriedReduction`,
-:class:`CarriedBroadcast`, :class:`CarriedGather`): header and payload travel together and are combined at each
-step, so the check costs no extra round trip. An allreduce combines its payloads by its
-op; a broadcast, an allgather (each rank's rows at its own offset) and a reducescatter
-(the whole array, each rank keeping its rows) use the same exchange. Receive buffers
+:class:`CarriedBroadcast`, :class:`CarriedGather`): header and payload travel together
+and are combined at each step, so the check costs no extra round trip. An allreduce
+combines its payloads by its op; a broadcast, an allgather (each rank's rows at its own
+offset) and a reducescatter (the whole array, each rank keeping its rows) use the same
+exchange; through a node's mailboxes a broadcast's and a gather's messages carry only the
+data their sender holds. Receive buffers
 hold ``PAYLOAD_CAPACITY`` bytes on every rank whatever the local settings, so a rank
 sending a different size still cannot overflow its partner, and payloads are combined
 only when the headers agree.

@@ -16,7 +16,11 @@ the message from the caller's array, exchanges, checks the signatures and writes
 finished result. So is a larger allreduce, broadcast, reduce-scatter, allgather or
 alltoall that the MPI library's own collective moves
 (:meth:`CompiledExchange.checked_collective`): the headers (with a gather's row counts,
-an alltoall's splits) are exchanged and checked, then the collective is called.
+an alltoall's splits) are exchanged and checked, then the collective is called. A small
+broadcast or gather riding through the mailboxes is one call too
+(:meth:`CompiledExchange.broadcast_held`, :meth:`CompiledExchange.gather_held`): each
+message carries only the data its sender holds by then, copied straight between the
+mailbox and the caller's arrays.
 
 Payloads combine here by the operations numpy's ufuncs perform (``np.add``,
 ``np.minimum``, ``np.maximum``, ``np.multiply`` on the dtypes below, each dtype compiled
@@ -255,9 +259,9 @@ def _give_held(state, boxes, counters, peer: int, message, header_bytes: int, da
 def _take_held(state, boxes, counters, peer: int, message, receive, header_bytes: int, data,
                holds: bool, adopt: bool) -> bool:
     """Take ``peer``'s message: its header folded into ours as the exchange folds headers
-    (``adopt``: replacing ours), its data copied from the mailbox into ``data`` where it carries the root's data,
-    this rank holds none yet and the signatures are equal; whether this rank holds the
-    data now."""
+    (``adopt``: replacing ours), its data copied from the mailbox into ``data`` where it
+    carries the root's data, this rank holds none yet and the signatures are equal;
+    whether this rank holds the data now."""
     base = mailbox_arrival(boxes, counters, peer, state[_YIELD])
     at = mailbox_data(boxes, base)
     copy_bytes(receive.ctypes.data, at, header_bytes)
