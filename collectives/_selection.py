@@ -183,11 +183,12 @@ def _table_choice(collective: str, nbytes: int, size: int, settings: Settings,
         # links). Its reduce-scatter was not: as fast with one rank a node, slower with
         # several (recursive halving sends more across the links than the ring).
         return "native"
-    if chosen == "recursive_doubling" and nbytes > SMALL_MESSAGE_BYTES and \
-            layout is not None and len(layout.nodes) > 1:
-        # Broadcasts and reduce-scatters ride above the small sizes where they were
-        # measured, through the mailboxes of one node (a broadcast's bytes sent once
-        # per rank there); between nodes every message would carry them all.
+    if chosen == "recursive_doubling" and collective != "allreduce" and \
+            nbytes > SMALL_MESSAGE_BYTES and layout is not None and \
+            (len(layout.nodes) > 1 or not layout.shared_messages):
+        # Broadcasts, allgathers and reduce-scatters ride above the small sizes where
+        # they were measured, through the mailboxes of one node, each message carrying
+        # only what its sender holds; through MPI every message carries all of it.
         return "native"
     return chosen
 

@@ -27,6 +27,7 @@ from functools import cached_property
 from mpi4py import MPI
 
 from ._group import Group
+from ._mailboxes import mailboxes_of
 from ._world import world
 from .config import Settings
 
@@ -42,10 +43,14 @@ class NodeLayout:
         nodes: for each node, its ranks (group ranks, ascending); nodes in the order of
             their lowest rank.
         source: where the layout came from: ``shared memory`` or ``node_size=k``.
+        shared_messages: whether the agreement's messages pass through shared memory
+            (the group's mailboxes, see :mod:`._mailboxes`), or there are none to pass
+            (a group of one rank).
     """
 
     nodes: tuple[tuple[int, ...], ...]
     source: str
+    shared_messages: bool = True
 
     @cached_property
     def node_of(self) -> tuple[int, ...]:
@@ -93,7 +98,8 @@ def layout_of(group: Group, settings: Settings) -> NodeLayout:
         members: dict[int, list[int]] = {}
         for rank, node in enumerate(keys):
             members.setdefault(node, []).append(rank)
-        layout = NodeLayout(tuple(tuple(m) for m in members.values()), source)
+        layout = NodeLayout(tuple(tuple(m) for m in members.values()), source,
+                            group.size == 1 or mailboxes_of(group) is not None)
         group.state[key] = layout
     return layout
 

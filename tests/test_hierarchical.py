@@ -92,11 +92,26 @@ def test_larger_broadcasts_and_reducescatters_ride_in_the_agreement_only_on_one_
     for nbytes in (tuning.CARRIED_BROADCAST_MAX_BYTES + 1, 1 << 20):
         assert broadcast_algorithm(None, nbytes, size, settings, "t", shape) == \
             ("hierarchical" if nbytes >= 1 << 20 and len(sizes) == 2 else "native")
+    # an allreduce rides up to recursive_doubling_max_bytes anywhere
+    assert allreduce_algorithm(None, 8 * 1024, size, settings, "t", shape) == \
+        "recursive_doubling"
     scattered = reducescatter_algorithm(None, 8 * 1024, size, settings, "t", shape)
     assert scattered == ("ring" if size == 2 else
                          "recursive_doubling" if one_node else "native")
     assert reducescatter_algorithm(None, tuning.SMALL_MESSAGE_BYTES, size, settings, "t",
                                    shape) == "recursive_doubling"
+
+
+def test_larger_calls_ride_only_where_the_agreement_passes_through_shared_memory():
+    settings = Settings()
+    without = NodeLayout(((0, 1, 2, 3),), "shared memory", shared_messages=False)
+    assert broadcast_algorithm(None, 8 * 1024, 4, settings, "t", without) == "native"
+    assert auto_choice("allgather", 8 * 1024, 4, settings, without) == "native"
+    assert reducescatter_algorithm(None, 8 * 1024, 4, settings, "t", without) == "native"
+    assert allreduce_algorithm(None, 8 * 1024, 4, settings, "t", without) == \
+        "recursive_doubling"
+    assert broadcast_algorithm(None, tuning.SMALL_MESSAGE_BYTES, 4, settings, "t",
+                               without) == "recursive_doubling"
 
 
 @pytest.mark.parametrize("sizes, pays", [((4,), False), ((1, 1, 1), False), ((2, 2), True),
