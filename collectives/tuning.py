@@ -56,8 +56,9 @@ CARRIED_BROADCAST_MAX_BYTES = 128 * 1024
 """Up to this size (what the agreement's messages carry) the built-in table's broadcast
 over a power of two of ranks rides in the agreement: through the node's mailboxes it was
 measured faster than MPI's own from 8 KiB to 128 KiB at 2 and 4 ranks on one node (see
-docs/benchmarks.md); where the ranks span nodes, ``auto`` takes MPI's own above
-:data:`SMALL_MESSAGE_BYTES` (see :mod:`._selection`)."""
+docs/benchmarks.md); where the ranks span nodes or their messages do not pass through
+shared memory, ``auto`` takes MPI's own above :data:`SMALL_MESSAGE_BYTES` (see
+:mod:`._selection`)."""
 
 FOLDED_CARRIED_BROADCAST_MAX_BYTES = 16 * 1024
 """:data:`CARRIED_BROADCAST_MAX_BYTES` for other numbers of ranks, whose fold adds two
