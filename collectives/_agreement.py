@@ -506,7 +506,7 @@ class CarriedGather:
     """
 
     __slots__ = ("carries_data", "group", "_reduction", "_held", "_buffers", "_mailboxes",
-                 "_cells", "_known", "_source", "_words", "_data", "_shape", "_word_bytes",
+                 "_cells", "_known", "_source", "_words", "_own", "_shape", "_word_bytes",
                  "_given")
 
     def __init__(self, group: Group, call: Call, width: int, data_bytes: int):
@@ -523,7 +523,7 @@ class CarriedGather:
         self._source = np.zeros(total, np.uint8)
         self._words = self._source[:word_bytes].view(np.int64)[rank * width:
                                                                (rank + 1) * width]
-        self._data = self._source[word_bytes + rank * mine:word_bytes + (rank + 1) * mine]
+        self._own = slice(word_bytes + rank * mine, word_bytes + (rank + 1) * mine)
         self._shape, self._word_bytes = (size, width), word_bytes
         self._given: np.ndarray | None = None
         self._held: CheckedCollective | None = None
@@ -538,12 +538,10 @@ class CarriedGather:
 
     def _held_in_python(self, fresh_header: np.ndarray, source: np.ndarray,
                         result: np.ndarray) -> int:
-        rank, data, all_words = self._cells.tolist()
+        rank, _, all_words = self._cells.tolist()
         buffers, known = self._buffers, self._known
         known[:] = 0
         known[rank] = 1
-        own = slice(all_words + rank * data, all_words + (rank + 1) * data)
-        result[own] = source[own]
         words = buffers.message[HEADER_BYTES:HEADER_BYTES + all_words]
         received = buffers.receive[HEADER_BYTES:HEADER_BYTES + all_words]
         words[:] = source[:all_words]
@@ -579,12 +577,14 @@ class CarriedGather:
         if words is not self._given:
             self._words[:] = words
             self._given = words
-        if self.carries_data:
-            self._data[:] = data
         result = np.empty(self._source.size, np.uint8)
         if self._held is not None:
+            if self.carries_data:  # this rank's data goes straight to its place
+                result[self._own] = data
             self._held.run(self._source, result)
         else:
+            if self.carries_data:
+                self._source[self._own] = data
             self._reduction.run(self._source, result, 1.0)
         return result[:self._word_bytes].view(np.int64).reshape(self._shape), \
             result[self._word_bytes:] if self.carries_data else None

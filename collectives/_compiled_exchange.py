@@ -282,11 +282,11 @@ def _take_held(state, boxes, counters, peer: int, message, receive, header_bytes
 
 
 @numba.njit(cache=True, nogil=True)
-def _broadcast_held(plan, handles, root_rank: int, root: bool, fresh_header, source,
-                    result) -> int:
+def _broadcast_held(plan, handles, holding, fresh_header, source, result) -> int:
     """A whole small broadcast through the mailboxes, in the agreement's schedule and
-    with its headers: group rank ``root_rank``'s ``source`` (bytes; this rank is the
-    root where ``root``) into every rank's ``result`` (may be ``source``). Only ranks
+    with its headers: the root's ``source`` (bytes) into every rank's ``result`` (may be
+    ``source``); ``holding`` (int64) is scratch for whether this rank holds the bytes,
+    then the root's group rank and whether this rank is the root. Only ranks
     that hold the data by then send it (never to the root), and a rank takes it only
     from a partner whose signature is its own, straight into ``result``: 0, or
     :data:`DIFFERENT` when some rank's signature differed (``result`` then unspecified
@@ -298,9 +298,9 @@ def _broadcast_held(plan, handles, root_rank: int, root: bool, fresh_header, sou
     receive = numba.carray(void_pointer(plan[_AT_RECEIVE]), plan[_RECEIVE_BYTES], np.uint8)
     header_bytes = fresh_header.size
     copy_bytes(message.ctypes.data, fresh_header.ctypes.data, header_bytes)
-    if root and source.ctypes.data != result.ctypes.data:
+    holding[0] = holding[2]
+    if holding[2] and source.ctypes.data != result.ctypes.data:
         copy_bytes(result.ctypes.data, source.ctypes.data, result.size)
-    holding = np.array([1 if root else 0, root_rank], np.int64)
     _walk_riding(state, boxes, counters, message, receive, header_bytes, _RIDE_BROADCAST,
                  holding, holding, result)
     for i in range(state[_SIGNATURE_BYTES]):
@@ -461,8 +461,9 @@ def _take_cells(state, boxes, counters, peer: int, message, receive, head_bytes:
 def _gather_held(plan, handles, cells, known, fresh_header, source, result) -> int:
     """A whole small gather through the mailboxes, in the agreement's schedule and with
     its headers: ``source`` and ``result`` laid out as a gather's result (every rank's
-    words, then every rank's data), ``source`` holding this rank's words and data at its
-    place and zeros in the other ranks' words. The words travel as
+    words, then every rank's data), ``source`` holding this rank's words at their place
+    and zeros in the other ranks' words, ``result`` already holding this rank's data at
+    its place. The words travel as
     :meth:`CompiledExchange.checked_collective` sends them (every rank's, combined by
     bitwise or at every step); behind them each message carries the data its sender
     knows by then (``known``: scratch, one byte per rank), which a rank takes from a
@@ -477,12 +478,10 @@ def _gather_held(plan, handles, cells, known, fresh_header, source, result) -> i
     head_bytes = header_bytes + all_words
     copy_bytes(message.ctypes.data, fresh_header.ctypes.data, header_bytes)
     copy_bytes(message.ctypes.data + header_bytes, source.ctypes.data, all_words)
-    rank, data = cells[CELL_RANK], cells[CELL_DATA]
+    rank = cells[CELL_RANK]
     for r in range(known.size):
         known[r] = 0
     known[rank] = 1
-    own = all_words + rank * data
-    copy_bytes(result.ctypes.data + own, source.ctypes.data + own, data)
     _walk_riding(state, boxes, counters, message, receive, head_bytes, _RIDE_GATHER, cells,
                  known, result)
     for i in range(state[_SIGNATURE_BYTES]):
@@ -673,8 +672,8 @@ class CompiledExchange:
         None where the group has no mailboxes."""
         if not self._boxes.size:
             return None
-        return self.checked(_broadcast_held, message, receive, self._header_bytes, root,
-                            self._rank == root)
+        holding = np.array([0, root, int(self._rank == root)], np.int64)
+        return self.checked(_broadcast_held, message, receive, self._header_bytes, holding)
 
     def gather_held(self, message: np.ndarray, receive: np.ndarray, cells: np.ndarray,
                     known: np.ndarray) -> Callable[[np.ndarray, np.ndarray, np.ndarray],
