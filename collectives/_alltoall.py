@@ -16,15 +16,17 @@ from ._agreement import BYTES, Call, CarriedGather, CheckedCollective, agree, \
 from ._buffers import device_tensor, results_like
 from ._calls import collective_call, run_validated
 from ._checks import check_splits, check_splittable, flat, input_array
-from ._compiled_exchange import ALLTOALL
+from ._compiled_exchange import ALLTOALL, MAILBOX_ALLTOALL
 from ._executor import Handle
 from ._group import Group
+from ._mailboxes import mailboxes_of
 from ._memory import AWARE, HOST, goes_direct
 from ._placement import memory_for, staged
 from ._plan_cache import PlanCache
 from ._ops import COPY_DTYPES, check_dtype
 from ._process_sets import ProcessSet, resolve_group
 from ._selection import auto_choice, requested
+from ._topology import layout_of
 from .config import Settings, current_settings
 
 
@@ -82,9 +84,11 @@ class _AlltoallPlan:
         even_matrix: the matrix of splits when no rank gives any, as a list of lists.
         even_move: the data phase when every rank's splits are the even ones and the rows
             do not ride in the agreement (``recursive_doubling`` plans only).
+        layout: the group's node layout (host memory).
         checked: where the even splits send as many rows to every rank and MPI's own
-            alltoall moves them, the check (the splits with it) and the alltoall in one
-            compiled call; or None.
+            alltoall or the pairwise exchange through the node's mailboxes moves them,
+            the check (the splits with it) and the alltoall in one compiled call; or
+            None.
     """
 
     def __init__(self, array: Any, name: str | None, process_set: ProcessSet | None,
@@ -110,17 +114,20 @@ class _AlltoallPlan:
         self.chosen = chosen
         self.call = Call(collective="alltoall", name=name, dtype=array.dtype,
                          algorithm=chosen, **{"shape[1:]": row_shape})
+        self.layout = layout_of(group, settings)
         if chosen == "recursive_doubling":
             received = int(self.even_splits[group.rank])
             self.even_move = _Movement(
                 (self.even_splits * row_bytes).tolist(), [received * row_bytes] * group.size,
                 received * group.size, auto_choice("alltoall", array.nbytes, group.size,
-                                                   settings))
-            small = self.even_move.algorithm == "recursive_doubling"
+                                                   settings, self.layout))
+            moved_by = self.even_move.algorithm
             self.gather = CarriedGather(group, self.call, group.size,
-                                        array.nbytes if small else 0)
-            if self.even_move.algorithm == "native" and len(set(self.even_move.sent)) == 1:
-                self.checked = checked_collective(group, self.call, ALLTOALL, BYTES,
+                                        array.nbytes if moved_by == "recursive_doubling" else 0)
+            kind = ALLTOALL if moved_by == "native" else \
+                MAILBOX_ALLTOALL if moved_by == "pairwise" and mailboxes_of(group) else None
+            if kind is not None and len(set(self.even_move.sent)) == 1:
+                self.checked = checked_collective(group, self.call, kind, BYTES,
                                                   self.even_move.sent[0],
                                                   words=self.even_splits)
 
@@ -177,7 +184,7 @@ def _carried(plan: _AlltoallPlan, send: np.ndarray, send_splits: np.ndarray,
     otherwise the ranks, all knowing the matrix now, move the rows as ``auto`` chooses
     for their mean size (the payloads, of different lengths, are not used). Where the
     plan has the compiled call (even splits sending as many rows to every rank, MPI's own
-    alltoall moving them), the splits travel with the check and the rows follow in the
+    alltoall or the pairwise exchange through the mailboxes moving them), the splits travel with the check and the rows follow in the
     same call, unless some rank's splits differ.
     """
     group, row_bytes = plan.group, plan.row_bytes
@@ -212,7 +219,7 @@ def _carried(plan: _AlltoallPlan, send: np.ndarray, send_splits: np.ndarray,
             written += length
         return output, received_splits
     nbytes = int(matrix.sum()) * row_bytes // size
-    algorithm = auto_choice("alltoall", nbytes, size, plan.settings)
+    algorithm = auto_choice("alltoall", nbytes, size, plan.settings, plan.layout)
     return _move(group, send, _movement(send_splits, received_splits, row_bytes, algorithm),
                  HOST, array), received_splits
 

@@ -85,13 +85,25 @@ def _store_release(typingctx: Any, array: Any, index: Any, value: Any) -> Any:
 
 
 @numba.njit(cache=True, nogil=True)
+def mailbox_ranks(counters) -> tuple[int, int]:
+    """This rank and the group's size, as ``counters`` hold them."""
+    return counters[_RANK], counters[_SIZE]
+
+
+@numba.njit(cache=True, nogil=True)
+def mailbox_room(boxes, counters) -> int:
+    """The bytes a mailbox holds: the longest message."""
+    return (boxes.size // (2 * counters[_SIZE]) - _CONTROL_WORDS) * 8
+
+
+@numba.njit(cache=True, nogil=True)
 def mailbox_claim(boxes, counters, length: int, yield_address: int) -> int:
     """Take this rank's next mailbox for a message of ``length`` bytes, once the message
     last left in it was consumed; return the mailbox's first word (see
     :func:`mailbox_data`, :func:`mailbox_publish`)."""
-    slot_words = boxes.size // (2 * counters[_SIZE])
-    if length > (slot_words - _CONTROL_WORDS) * 8:
+    if length > mailbox_room(boxes, counters):
         raise ValueError("a message larger than the mailboxes")
+    slot_words = boxes.size // (2 * counters[_SIZE])
     mailbox = counters[_NEXT]
     counters[_NEXT] = 1 - mailbox
     base = (counters[_RANK] * 2 + mailbox) * slot_words

@@ -4,13 +4,23 @@ Step s = 1 .. p-1: rank r sends its block for rank (r+s) and receives the block 
 rank (r-s), so every rank sends and receives exactly once per step and no link is
 shared within a step. Cost: (p-1)*alpha + (p-1)/p*n*beta for n bytes sent per rank.
 Blocks go straight from the input to the output; no temporary memory.
+
+Where the group's ranks share the node's mailboxes (:mod:`._mailboxes`) the blocks pass
+through them, in messages of at most a mailbox each, the sends and receives of a step
+taking turns (so a block of any size moves while its receiver drains the mailboxes), in
+one compiled call; elsewhere through ``MPI_Sendrecv``.
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from ._group import Group
+from ._mailboxes import (mailbox_arrival, mailbox_claim, mailbox_consume, mailbox_data,
+                         mailbox_length, mailbox_publish, mailbox_ranks, mailbox_room,
+                         mailboxes_of)
+from ._native_calls import copy_bytes
 
 TAG = 41
 
@@ -25,9 +35,50 @@ def alltoall(group: Group, send: np.ndarray, send_offsets: list[int], receive: n
         send_offsets, receive_offsets: p+1 byte offsets of the blocks per rank.
     """
     comm, rank, size = group.comm, group.rank, group.size
+    mailboxes = mailboxes_of(group)
+    if mailboxes is not None:
+        through_mailboxes(mailboxes.boxes, mailboxes.counters, mailboxes.yield_address,
+                          send, np.array(send_offsets, np.int64), receive,
+                          np.array(receive_offsets, np.int64))
+        return
     receive[receive_offsets[rank]:receive_offsets[rank + 1]] = \
         send[send_offsets[rank]:send_offsets[rank + 1]]
     for step in range(1, size):
         to, source = (rank + step) % size, (rank - step) % size
         comm.Sendrecv(send[send_offsets[to]:send_offsets[to + 1]], to, TAG,
                       receive[receive_offsets[source]:receive_offsets[source + 1]], source, TAG)
+
+
+@numba.njit(cache=True, nogil=True)
+def through_mailboxes(boxes, counters, yield_address: int, send, send_offsets, receive,
+                      receive_offsets) -> None:
+    """The pairwise exchange through a group's mailboxes (``boxes``, ``counters`` and
+    ``yield_address`` as :class:`._mailboxes.Mailboxes` has them), with :func:`alltoall`'s
+    arguments, the offsets as int64 arrays. Every pair of ranks exchanges at least one
+    message (empty for an empty block), so both count the same messages."""
+    rank, size = mailbox_ranks(counters)
+    room = mailbox_room(boxes, counters)
+    copy_bytes(receive.ctypes.data + receive_offsets[rank],
+               send.ctypes.data + send_offsets[rank],
+               send_offsets[rank + 1] - send_offsets[rank])
+    for step in range(1, size):
+        to, source = (rank + step) % size, (rank - step) % size
+        sent, send_end = send_offsets[to], send_offsets[to + 1]
+        received, receive_end = receive_offsets[source], receive_offsets[source + 1]
+        sending = receiving = True
+        while sending or receiving:
+            if sending:
+                length = min(room, send_end - sent)
+                base = mailbox_claim(boxes, counters, length, yield_address)
+                copy_bytes(mailbox_data(boxes, base), send.ctypes.data + sent, length)
+                mailbox_publish(boxes, counters, base, to, length)
+                sent += length
+                sending = sent < send_end
+            if receiving:
+                base = mailbox_arrival(boxes, counters, source, yield_address)
+                length = mailbox_length(boxes, base)
+                copy_bytes(receive.ctypes.data + received, mailbox_data(boxes, base),
+                           min(length, receive_end - received))
+                mailbox_consume(boxes, counters, source, base)
+                received += length
+                receiving = length > 0 and received < receive_end

@@ -80,6 +80,21 @@ own reduce-scatter behind the check, which the table took before from 4 to 64 Ki
 0.90-1.35x MPI's own alone at 3 and 4 ranks from 8 to 32 KiB (MPI's own behind the check
 0.52-0.79x), the ring 1.04-3.4x at 2 ranks from 16 KiB (see docs/benchmarks.md)."""
 
+PAIRWISE_ALLTOALL_MAX_BYTES = 64 * 1024
+"""Up to this size (one rank's send buffer) the built-in table's alltoall over 2 ranks
+above :data:`SMALL_MESSAGE_BYTES` takes the pairwise exchange, which passes the blocks
+through the node's mailboxes, checked and run in one compiled call; MPI's own above.
+Measured on one node against MPI's own alltoall behind the check, which the table took
+before: 0.62-1.06x MPI's own alone from 8 to 64 KiB (0.43-0.59x before); from 128 KiB
+the mailboxes' two copies of each block were as fast as MPI's own in some runs and 2-4
+times slower in others (see docs/benchmarks.md). Where the ranks span nodes or their
+messages do not pass through shared memory, ``auto`` takes MPI's own instead (see
+:mod:`._selection`)."""
+
+WIDE_PAIRWISE_ALLTOALL_MAX_BYTES = 128 * 1024
+""":data:`PAIRWISE_ALLTOALL_MAX_BYTES` over 3 or more ranks, where MPI's own alltoall
+takes more steps too."""
+
 _NOT_TABULATED = ("auto", "ipc")
 
 
@@ -207,8 +222,10 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
     :data:`CARRIED_ALLGATHER_MAX_BYTES`, reducescatter up to
     :data:`CARRIED_REDUCESCATTER_MAX_BYTES` over 3 or more ranks); MPI's own above, which
     was measured faster on one node, but for reducescatters, which take the ring as
-    allreduces do. (Where the ranks span nodes, ``auto`` takes MPI's own instead of this
-    table's allreduce ring, and of riding above :data:`SMALL_MESSAGE_BYTES`: see
+    allreduces do, and alltoalls up to :data:`PAIRWISE_ALLTOALL_MAX_BYTES` or
+    :data:`WIDE_PAIRWISE_ALLTOALL_MAX_BYTES`, which take the pairwise exchange. (Where
+    the ranks span nodes, ``auto`` takes MPI's own instead of this table's allreduce
+    ring, of riding above :data:`SMALL_MESSAGE_BYTES` and of the pairwise alltoall: see
     :mod:`._selection`.)
     """
     own = SMALL_MESSAGE_BYTES
@@ -229,7 +246,10 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
     if collective == "allgather":
         return (Range(CARRIED_ALLGATHER_MAX_BYTES, "recursive_doubling"),
                 Range(None, "native"))
-    return (Range(own, "recursive_doubling"), Range(None, "native"))
+    pairwise = PAIRWISE_ALLTOALL_MAX_BYTES if group_size <= 2 else \
+        WIDE_PAIRWISE_ALLTOALL_MAX_BYTES
+    return (Range(own, "recursive_doubling"), Range(pairwise, "pairwise"),
+            Range(None, "native"))
 
 
 # --------------------------------------------------------------------------- the file

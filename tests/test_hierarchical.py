@@ -100,6 +100,9 @@ def test_larger_broadcasts_and_reducescatters_ride_in_the_agreement_only_on_one_
                          "recursive_doubling" if one_node else "native")
     assert reducescatter_algorithm(None, tuning.SMALL_MESSAGE_BYTES, size, settings, "t",
                                    shape) == "recursive_doubling"
+    # the pairwise alltoall passes its blocks through the mailboxes of one node
+    assert auto_choice("alltoall", 8 * 1024, size, settings, shape) == \
+        ("pairwise" if one_node else "native")
 
 
 def test_larger_calls_ride_only_where_the_agreement_passes_through_shared_memory():
@@ -108,6 +111,8 @@ def test_larger_calls_ride_only_where_the_agreement_passes_through_shared_memory
     assert broadcast_algorithm(None, 8 * 1024, 4, settings, "t", without) == "native"
     assert auto_choice("allgather", 8 * 1024, 4, settings, without) == "native"
     assert reducescatter_algorithm(None, 8 * 1024, 4, settings, "t", without) == "native"
+    assert auto_choice("alltoall", 8 * 1024, 4, settings, without) == "native"
+    assert auto_choice("alltoall", 8 * 1024, 4, settings, layout(4)) == "pairwise"
     assert allreduce_algorithm(None, 8 * 1024, 4, settings, "t", without) == \
         "recursive_doubling"
     assert broadcast_algorithm(None, tuning.SMALL_MESSAGE_BYTES, 4, settings, "t",

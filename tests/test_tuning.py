@@ -119,7 +119,12 @@ def test_the_built_in_table_keeps_small_messages_and_takes_the_ring_or_mpi_above
     assert default_choice("broadcast", small, 4,
                           Settings(broadcast_pipeline_min_bytes=1024)) == "pipeline"
     assert default_choice("alltoall", small, 3, SETTINGS) == "recursive_doubling"
-    assert default_choice("alltoall", big, 3, SETTINGS) == "native"
+    for ranks, pairwise in ((2, tuning.PAIRWISE_ALLTOALL_MAX_BYTES),
+                            (3, tuning.WIDE_PAIRWISE_ALLTOALL_MAX_BYTES),
+                            (4, tuning.WIDE_PAIRWISE_ALLTOALL_MAX_BYTES)):
+        assert default_choice("alltoall", big, ranks, SETTINGS) == "pairwise"
+        assert default_choice("alltoall", pairwise, ranks, SETTINGS) == "pairwise"
+        assert default_choice("alltoall", pairwise + 1, ranks, SETTINGS) == "native"
     for ranks in (2, 3, 4):
         gathered = tuning.CARRIED_ALLGATHER_MAX_BYTES
         assert default_choice("allgather", gathered, ranks, SETTINGS) == "recursive_doubling"

@@ -401,6 +401,45 @@ def large_allgathers_and_alltoalls_check_and_move_in_one_compiled_call():
 
 
 @check()
+def pairwise_alltoalls_pass_blocks_of_any_size_through_the_mailboxes():
+    """The pairwise alltoall, which on one node passes the blocks through the mailboxes
+    (a mailbox at a time), and ``auto``, which takes it above the small sizes: even
+    blocks checked and moved in one compiled call, blocks from empty to several
+    mailboxes long and different sizes to and from each rank (the sends and receives
+    of a step then count different messages), the same splits given explicitly by one
+    rank (its Python path sends the same messages); each followed by a small allreduce
+    that must find the messages in step."""
+    k, me = rt.size(), rt.rank()
+    room = 128 * 1024 + 64
+    cases = [("even", lambda r, j: 8192), ("a mailbox and one byte", lambda r, j: room + 1),
+             ("two and a half mailboxes", lambda r, j: 5 * room // 2),
+             ("empty to some", lambda r, j: 0 if (r + j) % 2 else 40000 + r),
+             ("large to one rank, small to others",
+              lambda r, j: 3 * room if j == (r + 1) % k else 100 * (j + 1))]
+    for title, block in cases:
+        splits_of = [[block(r, j) for j in range(k)] for r in range(k)]
+        inputs = [make_input(r, (sum(splits_of[r]),), np.uint8, None, "pairwise", title)
+                  for r in range(k)]
+        expected, expected_splits = alltoall_expected(inputs, lambda r: splits_of[r], me)
+        even = len({n for row in splits_of for n in row}) == 1
+        for algorithm in ("pairwise", "auto"):
+            for given in (None if even else splits_of[me],
+                          splits_of[me] if me == k - 1 or not even else None):
+                what = f"alltoall({algorithm}), {title}, splits given: {given is not None}"
+                if even and algorithm == "auto":
+                    plan = _AlltoallPlan(inputs[me], "pairwise", None, algorithm, False)
+                    assert (plan.checked is not None) == (k > 1), f"{what}: compiled call?"
+                received, received_splits = rt.alltoall(inputs[me], given, name="pairwise",
+                                                        algorithm=algorithm)
+                assert_equal_arrays(received, expected, what)
+                assert_equal_arrays(received_splits, expected_splits, what + " splits")
+                total_ranks = rt.allreduce(np.full(2, me + 1, np.int64), op=rt.Sum,
+                                           name="step")
+                assert_equal_arrays(total_ranks, np.full(2, k * (k + 1) // 2, np.int64),
+                                    f"allreduce after {what}")
+
+
+@check()
 def allgather_rows_ride_in_the_agreement_only_where_the_table_says_so():
     """``auto``'s rows ride in the agreement's recursive doubling only
     where the tuning table takes recursive doubling for the gathered size; above it (96
