@@ -184,8 +184,9 @@ def _carried(plan: _AlltoallPlan, send: np.ndarray, send_splits: np.ndarray,
     otherwise the ranks, all knowing the matrix now, move the rows as ``auto`` chooses
     for their mean size (the payloads, of different lengths, are not used). Where the
     plan has the compiled call (even splits sending as many rows to every rank, MPI's own
-    alltoall or the pairwise exchange through the mailboxes moving them), the splits travel with the check and the rows follow in the
-    same call, unless some rank's splits differ.
+    alltoall or the pairwise exchange through the mailboxes moving them), the splits
+    travel with the check and the rows follow in the same call, unless some rank's
+    splits differ.
     """
     group, row_bytes = plan.group, plan.row_bytes
     size, rank, mine = group.size, group.rank, send.nbytes

@@ -9,8 +9,8 @@ one node broadcast up to 128 KiB or 16 KiB, allgather up to 64 KiB and reducesca
 to 32 KiB, see :mod:`.tuning`) and takes MPI's own above, but for the larger allreduces
 and reducescatters, which take the ring (the allreduce on one node only: MPI's own
 between nodes), and the alltoalls of up to 64 or 128 KiB on one node, which take the
-pairwise exchange through its shared memory. Device tensors of ranks on one node are reduced on the GPUs through
-CUDA IPC (``ipc``) from ``ipc_min_bytes`` on.
+pairwise exchange through its shared memory. Device tensors of ranks on one node are
+reduced on the GPUs through CUDA IPC (``ipc``) from ``ipc_min_bytes`` on.
 ``algorithm=`` on a call, then the ``*_algorithm`` settings, override the choice.
 
 When the ranks span several nodes and some node holds more than one of them, allreduce,

@@ -10,6 +10,7 @@ import numpy as np
 import ringtrain as rt
 from ringtrain.collectives._allgather import _AllgatherPlan
 from ringtrain.collectives._alltoall import _AlltoallPlan
+from ringtrain.collectives._mailboxes import MESSAGE_BYTES
 from ringtrain.collectives._reducescatter import _ReducescatterPlan
 from ringtrain.collectives._ring import reduce_scatter as python_reduce_scatter
 from ringtrain.collectives._selection import auto_choice
@@ -410,7 +411,7 @@ def pairwise_alltoalls_pass_blocks_of_any_size_through_the_mailboxes():
     rank (its Python path sends the same messages); each followed by a small allreduce
     that must find the messages in step."""
     k, me = rt.size(), rt.rank()
-    room = 128 * 1024 + 64
+    room = MESSAGE_BYTES
     cases = [("even", lambda r, j: 8192), ("a mailbox and one byte", lambda r, j: room + 1),
              ("two and a half mailboxes", lambda r, j: 5 * room // 2),
              ("empty to some", lambda r, j: 0 if (r + j) % 2 else 40000 + r),
