@@ -9,14 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from . import _hierarchical, _native, _ring, timeline
+from . import _hierarchical, _native, _pairwise, _ring, timeline
 from ._agreement import BYTES, Call, CarriedGather, CheckedCollective, agree, checked_collective
 from ._buffers import device_tensor, results_like
 from ._calls import collective_call, run_validated
 from ._checks import flat, input_array
-from ._compiled_exchange import ALLGATHER
+from ._compiled_exchange import ALLGATHER, MAILBOX_ALLGATHER
 from ._executor import Handle
 from ._group import Group
+from ._mailboxes import mailboxes_of
 from ._memory import AWARE, HOST, HostMemory, goes_direct
 from ._placement import memory_for, staged
 from ._plan_cache import PlanCache
@@ -39,8 +40,8 @@ def allgather(tensor: np.ndarray, name: str | None = None,
         tensor: this rank's rows.
         name: names the tensor in error messages; the same on every rank.
         process_set: the ranks taking part (default: all).
-        algorithm: ``ring``, ``hierarchical``, ``native`` or ``auto`` (the tuning
-            table's choice for the gathered size).
+        algorithm: ``ring``, ``pairwise``, ``hierarchical``, ``native`` or ``auto``
+            (the tuning table's choice for the gathered size).
 
     Returns:
         A new array of shape ``(sum of first dimensions, *tensor.shape[1:])``.
@@ -102,6 +103,9 @@ def gather_rows(group: Group, rows: Any, row_shape: tuple[int, ...], algorithm: 
                               memory.for_mpi(output, np.uint8), sizes, **memory.phase_args)
         return output, counts
     data = output.reshape(-1).view(np.uint8)
+    if algorithm == "pairwise":
+        _pairwise.allgather(group, flat(rows).view(np.uint8), data, bounds)
+        return output, counts
     data[bounds[group.rank]:bounds[group.rank + 1]] = flat(rows).view(np.uint8)
     if algorithm == "hierarchical" and group.size > 1:
         _hierarchical.allgather(group, hierarchy_for(group, layout), data, bounds,
@@ -128,9 +132,9 @@ class _AllgatherPlan:
         counts: the gathered words when every rank gives as many rows as this one.
         even_shape, even_sizes, even_choice: then, the result's shape, the bytes of each
             rank and ``auto``'s algorithm.
-        checked: where the rows do not ride and MPI's own allgather moves them, the
-            check (the row counts with it) and the allgather in one compiled call; or
-            None.
+        checked: where the rows do not ride and MPI's own allgather or the pairwise
+            exchange through the node's mailboxes moves them, the check (the row counts
+            with it) and the allgather in one compiled call; or None.
     """
 
     def __init__(self, array: Any, name: str | None, process_set: ProcessSet | None,
@@ -177,8 +181,10 @@ class _AllgatherPlan:
             self.counts = [[rows]] * group.size
             self.even_shape = (rows * group.size, *row_shape)
             self.even_sizes = [array.nbytes] * group.size
-            if not self.gather.carries_data and self.even_choice == "native":
-                self.checked = checked_collective(group, self.call, ALLGATHER, BYTES,
+            kind = ALLGATHER if self.even_choice == "native" else MAILBOX_ALLGATHER \
+                if self.even_choice == "pairwise" and mailboxes_of(group) else None
+            if not self.gather.carries_data and kind is not None:
+                self.checked = checked_collective(group, self.call, kind, BYTES,
                                                   array.nbytes, words=self.count)
 
 
@@ -234,8 +240,9 @@ def _carried(plan: _AllgatherPlan, array: np.ndarray) -> np.ndarray:
     their size; otherwise the ranks, all knowing every count now, gather the rows as
     ``auto`` chooses for their total size (the payloads, of different lengths, are not
     used). Where the plan has the compiled call (rows too large to ride, MPI's own
-    allgather moving them), the counts travel with the check and the rows follow in the
-    same call, unless some rank's count differs.
+    allgather or the pairwise exchange through the mailboxes moving them), the counts
+    travel with the check and the rows follow in the same call, unless some rank's count
+    differs.
     """
     rows = array.reshape(1) if array.ndim == 0 else array
     mine = rows.reshape(-1).view(np.uint8)

@@ -43,7 +43,7 @@ from ._mailboxes import (NO_BOXES, mailbox_arrival, mailbox_claim, mailbox_consu
                          mailbox_data, mailbox_length, mailbox_publish, mailbox_ranks,
                          mailbox_receive, mailbox_send, mailboxes_of)
 from ._native_calls import MpiFunctions, call_c, copy_bytes, mpi_functions, void_pointer
-from ._pairwise import through_mailboxes
+from ._pairwise import gathered_through_mailboxes, through_mailboxes
 from ._recursive_doubling import TAG, schedule_of
 
 HEADERS_IF_DIFFERENT = 0
@@ -492,10 +492,11 @@ def _gather_held(plan, handles, cells, known, fresh_header, source, result) -> i
     return 0
 
 
-ALLREDUCE, BROADCAST, REDUCE_SCATTER, ALLGATHER, ALLTOALL, MAILBOX_ALLTOALL = range(6)
+ALLREDUCE, BROADCAST, REDUCE_SCATTER, ALLGATHER, ALLTOALL, MAILBOX_ALLGATHER, \
+    MAILBOX_ALLTOALL = range(7)
 """The collectives that :meth:`CompiledExchange.checked_collective` makes: the MPI
-library's own, and the pairwise alltoall through the group's mailboxes
-(:func:`._pairwise.through_mailboxes`)."""
+library's own, and the pairwise allgather and alltoall through the group's mailboxes
+(:mod:`._pairwise`)."""
 UNEVEN = -2
 """What :func:`_checked_collective` returns when every rank's signature was the same but
 the words of a gather or an alltoall differed (nothing moved; every rank's words are in
@@ -536,9 +537,9 @@ def _checked_collective(plan, handles, collective, fresh_header, send, receive) 
     """The check of the signatures, then, where every rank's was ours, the MPI library's
     own collective that ``collective`` describes from ``send`` (``MPI_IN_PLACE`` when it
     is ``receive``) into ``receive``, with the datatype and op of ``handles`` (or, for
-    :data:`MAILBOX_ALLTOALL`, the pairwise alltoall of blocks of ``count`` bytes through
-    the group's mailboxes): :data:`DIFFERENT`, :data:`UNEVEN`, 0, or the MPI call's
-    error.
+    :data:`MAILBOX_ALLGATHER` and :data:`MAILBOX_ALLTOALL`, the pairwise exchange of
+    blocks of ``count`` bytes through the group's mailboxes): :data:`DIFFERENT`,
+    :data:`UNEVEN`, 0, or the MPI call's error.
 
     The headers travel alone, except for a gather and an alltoall: every rank's words
     then ride behind the header (at its rank's place, or'ed into zeros, as
@@ -561,14 +562,18 @@ def _checked_collective(plan, handles, collective, fresh_header, send, receive) 
     for i in range(words_count):
         if words[i] != mine[i % width]:
             return UNEVEN
-    if kind == MAILBOX_ALLTOALL:
+    if kind == MAILBOX_ALLGATHER or kind == MAILBOX_ALLTOALL:
         state = numba.carray(void_pointer(plan[_AT_STATE]), plan[_STATE_WORDS], np.int64)
+        boxes = numba.carray(void_pointer(plan[_AT_BOXES]), plan[_BOX_WORDS], np.int64)
         counters = numba.carray(void_pointer(plan[_AT_COUNTERS]), plan[_COUNTER_WORDS],
                                 np.int64)
         offsets = np.arange(mailbox_ranks(counters)[1] + 1) * collective[_COUNT]
-        through_mailboxes(
-            numba.carray(void_pointer(plan[_AT_BOXES]), plan[_BOX_WORDS], np.int64),
-            counters, state[_YIELD], send, offsets, receive, offsets)
+        if kind == MAILBOX_ALLGATHER:
+            gathered_through_mailboxes(boxes, counters, state[_YIELD], send, receive,
+                                       offsets)
+        else:
+            through_mailboxes(boxes, counters, state[_YIELD], send, offsets, receive,
+                              offsets)
         return 0
     function, count = collective[_FUNCTION], np.int32(collective[_COUNT])
     comm, datatype, op = handles[0], handles[2], handles[3]
@@ -657,9 +662,9 @@ class CompiledExchange:
         into array ``receive``, returning 0 or the MPI call's error code;
         :data:`DIFFERENT` (nothing moved) when some rank's signature differed. A
         reduce-scatter gives every rank ``count`` elements, an allgather takes
-        ``count`` from each and an alltoall sends ``count`` to each (kind
-        :data:`MAILBOX_ALLTOALL`: ``count`` bytes, through the group's mailboxes, which
-        it must have).
+        ``count`` from each and an alltoall sends ``count`` to each (kinds
+        :data:`MAILBOX_ALLGATHER` and :data:`MAILBOX_ALLTOALL`: ``count`` bytes, through
+        the group's mailboxes, which it must have).
 
         An allgather's or alltoall's ``words`` (int64: its row count, its splits) ride
         behind the header, every rank's at its place, combined by bitwise or (mode
@@ -671,7 +676,7 @@ class CompiledExchange:
         address = {ALLREDUCE: functions.allreduce, BROADCAST: functions.bcast,
                    REDUCE_SCATTER: functions.reduce_scatter_block,
                    ALLGATHER: functions.allgather, ALLTOALL: functions.alltoall,
-                   MAILBOX_ALLTOALL: 0}[kind]
+                   MAILBOX_ALLGATHER: 0, MAILBOX_ALLTOALL: 0}[kind]
         collective = np.array([address, kind, count, root, int(MPI.IN_PLACE), self._rank,
                                words.size, *words.tolist()], np.int64)
         return self.checked(_checked_collective, message, receive,

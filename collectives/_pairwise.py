@@ -1,9 +1,10 @@
-"""Pairwise-exchange alltoall.
+"""Pairwise-exchange alltoall and allgather.
 
 Step s = 1 .. p-1: rank r sends its block for rank (r+s) and receives the block from
 rank (r-s), so every rank sends and receives exactly once per step and no link is
 shared within a step. Cost: (p-1)*alpha + (p-1)/p*n*beta for n bytes sent per rank.
-Blocks go straight from the input to the output; no temporary memory.
+Blocks go straight from the input to the output; no temporary memory. An allgather is
+the same exchange with this rank's rows as its block for every rank.
 
 Where the group's ranks share the node's mailboxes (:mod:`._mailboxes`) the blocks pass
 through them, in messages of at most a mailbox each, the sends and receives of a step
@@ -49,22 +50,68 @@ def alltoall(group: Group, send: np.ndarray, send_offsets: list[int], receive: n
                       receive[receive_offsets[source]:receive_offsets[source + 1]], source, TAG)
 
 
+def allgather(group: Group, send: np.ndarray, receive: np.ndarray,
+              receive_offsets: list[int]) -> None:
+    """Send all of ``send`` to every rank; receive rank j's into
+    ``receive[receive_offsets[j]:receive_offsets[j+1]]``, this rank's own included.
+
+    Args:
+        group: the ranks.
+        send, receive: 1-D uint8 buffers.
+        receive_offsets: p+1 byte offsets of the ranks' rows.
+    """
+    comm, rank, size = group.comm, group.rank, group.size
+    mailboxes = mailboxes_of(group)
+    if mailboxes is not None:
+        gathered_through_mailboxes(mailboxes.boxes, mailboxes.counters,
+                                   mailboxes.yield_address, send, receive,
+                                   np.array(receive_offsets, np.int64))
+        return
+    receive[receive_offsets[rank]:receive_offsets[rank + 1]] = send
+    for step in range(1, size):
+        to, source = (rank + step) % size, (rank - step) % size
+        comm.Sendrecv(send, to, TAG,
+                      receive[receive_offsets[source]:receive_offsets[source + 1]], source, TAG)
+
+
 @numba.njit(cache=True, nogil=True)
 def through_mailboxes(boxes, counters, yield_address: int, send, send_offsets, receive,
                       receive_offsets) -> None:
-    """The pairwise exchange through a group's mailboxes (``boxes``, ``counters`` and
+    """The pairwise alltoall through a group's mailboxes (``boxes``, ``counters`` and
     ``yield_address`` as :class:`._mailboxes.Mailboxes` has them), with :func:`alltoall`'s
-    arguments, the offsets as int64 arrays. Every pair of ranks exchanges at least one
-    message (empty for an empty block), so both count the same messages."""
+    arguments, the offsets as int64 arrays."""
+    _exchange(boxes, counters, yield_address, send, send_offsets, False, receive,
+              receive_offsets)
+
+
+@numba.njit(cache=True, nogil=True)
+def gathered_through_mailboxes(boxes, counters, yield_address: int, send, receive,
+                               receive_offsets) -> None:
+    """The pairwise allgather through a group's mailboxes (as
+    :func:`through_mailboxes`), with :func:`allgather`'s arguments, the offsets as an
+    int64 array."""
+    _exchange(boxes, counters, yield_address, send, receive_offsets, True, receive,
+              receive_offsets)
+
+
+@numba.njit(cache=True, nogil=True)
+def _exchange(boxes, counters, yield_address: int, send, send_offsets, whole: bool,
+              receive, receive_offsets) -> None:
+    """The pairwise exchange through the mailboxes: to rank j ``send``'s block j
+    (between ``send_offsets[j]`` and ``send_offsets[j+1]``), or all of ``send`` where
+    ``whole``. Blocks go a mailbox at a time, the sends and receives of a step taking
+    turns; every pair of ranks exchanges at least one message (empty for an empty
+    block), so both count the same messages."""
     rank, size = mailbox_ranks(counters)
     room = mailbox_room(boxes, counters)
-    copy_bytes(receive.ctypes.data + receive_offsets[rank],
-               send.ctypes.data + send_offsets[rank],
-               send_offsets[rank + 1] - send_offsets[rank])
-    for step in range(1, size):
+    for step in range(size):
         to, source = (rank + step) % size, (rank - step) % size
-        sent, send_end = send_offsets[to], send_offsets[to + 1]
+        sent, send_end = (0, send.size) if whole else (send_offsets[to], send_offsets[to + 1])
         received, receive_end = receive_offsets[source], receive_offsets[source + 1]
+        if step == 0:
+            copy_bytes(receive.ctypes.data + received, send.ctypes.data + sent,
+                       send_end - sent)
+            continue
         sending = receiving = True
         while sending or receiving:
             if sending:

@@ -8,8 +8,8 @@ and alltoall: ``recursive_doubling``, their data in the agreement's own messages
 one node broadcast up to 128 KiB or 16 KiB, allgather up to 64 KiB and reducescatter up
 to 32 KiB, see :mod:`.tuning`) and takes MPI's own above, but for the larger allreduces
 and reducescatters, which take the ring (the allreduce on one node only: MPI's own
-between nodes), and the alltoalls of up to 64 or 128 KiB on one node, which take the
-pairwise exchange through its shared memory. Device tensors of ranks on one node are
+between nodes), and the allgathers and alltoalls of mid sizes on one node, which take
+the pairwise exchange through its shared memory. Device tensors of ranks on one node are
 reduced on the GPUs through CUDA IPC (``ipc``) from ``ipc_min_bytes`` on.
 ``algorithm=`` on a call, then the ``*_algorithm`` settings, override the choice.
 
@@ -185,14 +185,14 @@ def _table_choice(collective: str, nbytes: int, size: int, settings: Settings,
         # several (recursive halving sends more across the links than the ring).
         return "native"
     through_mailboxes = (chosen == "recursive_doubling" and collective != "allreduce" and
-                         nbytes > SMALL_MESSAGE_BYTES) or \
-        (chosen == "pairwise" and collective == "alltoall")
+                         nbytes > SMALL_MESSAGE_BYTES) or chosen == "pairwise"
     if through_mailboxes and layout is not None and \
             (len(layout.nodes) > 1 or not layout.shared_messages):
         # Broadcasts, allgathers and reduce-scatters ride above the small sizes where
         # they were measured, through the mailboxes of one node, each message carrying
         # only what its sender holds; through MPI every message carries all of it. The
-        # built-in table's pairwise alltoall was measured through the mailboxes too.
+        # built-in table's pairwise allgather and alltoall were measured through the
+        # mailboxes too.
         return "native"
     return chosen
 

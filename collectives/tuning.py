@@ -95,6 +95,15 @@ WIDE_PAIRWISE_ALLTOALL_MAX_BYTES = 128 * 1024
 """:data:`PAIRWISE_ALLTOALL_MAX_BYTES` over 3 or more ranks, where MPI's own alltoall
 takes more steps too."""
 
+PAIRWISE_ALLGATHER_MAX_BYTES = 512 * 1024
+"""Up to this size (the gathered output) the built-in table's allgather over 2 ranks
+above :data:`CARRIED_ALLGATHER_MAX_BYTES` takes the pairwise exchange through the node's
+mailboxes, as alltoall does (see :data:`PAIRWISE_ALLTOALL_MAX_BYTES`); MPI's own
+above."""
+
+WIDE_PAIRWISE_ALLGATHER_MAX_BYTES = 1024 * 1024
+""":data:`PAIRWISE_ALLGATHER_MAX_BYTES` over 3 or more ranks."""
+
 _NOT_TABULATED = ("auto", "ipc")
 
 
@@ -222,11 +231,12 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
     :data:`CARRIED_ALLGATHER_MAX_BYTES`, reducescatter up to
     :data:`CARRIED_REDUCESCATTER_MAX_BYTES` over 3 or more ranks); MPI's own above, which
     was measured faster on one node, but for reducescatters, which take the ring as
-    allreduces do, and alltoalls up to :data:`PAIRWISE_ALLTOALL_MAX_BYTES` or
-    :data:`WIDE_PAIRWISE_ALLTOALL_MAX_BYTES`, which take the pairwise exchange. (Where
-    the ranks span nodes, ``auto`` takes MPI's own instead of this table's allreduce
-    ring, of riding above :data:`SMALL_MESSAGE_BYTES` and of the pairwise alltoall: see
-    :mod:`._selection`.)
+    allreduces do, and allgathers and alltoalls up to :data:`PAIRWISE_ALLGATHER_MAX_BYTES`
+    and :data:`PAIRWISE_ALLTOALL_MAX_BYTES` (:data:`WIDE_PAIRWISE_ALLGATHER_MAX_BYTES`,
+    :data:`WIDE_PAIRWISE_ALLTOALL_MAX_BYTES` over 3 or more ranks), which take the
+    pairwise exchange. (Where the ranks span nodes, ``auto`` takes MPI's own instead of
+    this table's allreduce ring, of riding above :data:`SMALL_MESSAGE_BYTES` and of the
+    pairwise exchange: see :mod:`._selection`.)
     """
     own = SMALL_MESSAGE_BYTES
     if collective == "allreduce":
@@ -244,8 +254,10 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
         carried = own if group_size <= 2 else CARRIED_REDUCESCATTER_MAX_BYTES
         return (Range(carried, "recursive_doubling"), Range(None, "ring"))
     if collective == "allgather":
+        pairwise = PAIRWISE_ALLGATHER_MAX_BYTES if group_size <= 2 else \
+            WIDE_PAIRWISE_ALLGATHER_MAX_BYTES
         return (Range(CARRIED_ALLGATHER_MAX_BYTES, "recursive_doubling"),
-                Range(None, "native"))
+                Range(pairwise, "pairwise"), Range(None, "native"))
     pairwise = PAIRWISE_ALLTOALL_MAX_BYTES if group_size <= 2 else \
         WIDE_PAIRWISE_ALLTOALL_MAX_BYTES
     return (Range(own, "recursive_doubling"), Range(pairwise, "pairwise"),

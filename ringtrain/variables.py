@@ -328,7 +328,8 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
                   "native", "ipc"),
     "broadcast": ("auto", "pipeline", "binomial", "recursive_doubling", "hierarchical",
                   "native"),
-    "allgather": ("auto", "ring", "recursive_doubling", "hierarchical", "native"),
+    "allgather": ("auto", "ring", "recursive_doubling", "pairwise", "hierarchical",
+                  "native"),
     "reducescatter": ("auto", "ring", "recursive_doubling", "hierarchical", "native"),
     "alltoall": ("auto", "recursive_doubling", "pairwise", "native"),
 }

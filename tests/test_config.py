@@ -262,7 +262,7 @@ def test_algorithm_table():
                                             "hierarchical", "node_leader", "native", "ipc"}
     assert set(ALGORITHMS["broadcast"]) == {"auto", "binomial", "pipeline", "recursive_doubling",
                                             "hierarchical", "native"}
-    assert set(ALGORITHMS["allgather"]) == {"auto", "ring", "recursive_doubling",
+    assert set(ALGORITHMS["allgather"]) == {"auto", "ring", "recursive_doubling", "pairwise",
                                             "hierarchical", "native"}
     assert set(ALGORITHMS["reducescatter"]) == {"auto", "ring", "recursive_doubling",
                                                 "hierarchical", "native"}

@@ -128,7 +128,11 @@ def test_the_built_in_table_keeps_small_messages_and_takes_the_ring_or_mpi_above
     for ranks in (2, 3, 4):
         gathered = tuning.CARRIED_ALLGATHER_MAX_BYTES
         assert default_choice("allgather", gathered, ranks, SETTINGS) == "recursive_doubling"
-        assert default_choice("allgather", gathered + 1, ranks, SETTINGS) == "native"
+        assert default_choice("allgather", gathered + 1, ranks, SETTINGS) == "pairwise"
+        pairwise = tuning.PAIRWISE_ALLGATHER_MAX_BYTES if ranks == 2 else \
+            tuning.WIDE_PAIRWISE_ALLGATHER_MAX_BYTES
+        assert default_choice("allgather", pairwise, ranks, SETTINGS) == "pairwise"
+        assert default_choice("allgather", pairwise + 1, ranks, SETTINGS) == "native"
     for ranks, carried in ((2, tuning.CARRIED_BROADCAST_MAX_BYTES),
                            (3, tuning.FOLDED_CARRIED_BROADCAST_MAX_BYTES),
                            (4, tuning.CARRIED_BROADCAST_MAX_BYTES),

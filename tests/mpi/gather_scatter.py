@@ -22,7 +22,7 @@ from _harness import (COPY_DTYPES, OPS, REDUCE_DTYPES, WORLD, assert_equal_array
 
 # --------------------------------------------------------------------------- allgather
 
-GATHER_ALGORITHMS = ["ring", "recursive_doubling", "native", "auto"]
+GATHER_ALGORITHMS = ["ring", "recursive_doubling", "pairwise", "native", "auto"]
 
 
 def gather_rows(rank: int) -> int:
@@ -399,6 +399,35 @@ def large_allgathers_and_alltoalls_check_and_move_in_one_compiled_call():
         assert_equal_arrays(rt.allgather(np.full((50000, 3), me, np.int32), name="after"),
                             np.repeat(np.arange(k, dtype=np.int32), 50000)[:, None]
                             .repeat(3, axis=1), "an allgather after the mismatches")
+
+
+@check()
+def pairwise_allgathers_pass_rows_of_any_size_through_the_mailboxes():
+    """The pairwise allgather, which on one node passes every rank's rows through the
+    mailboxes (a mailbox at a time), and ``auto``, which takes it above the riding
+    sizes: equal row counts checked and moved in one compiled call, ranks of 0 rows,
+    rows of a mailbox and one byte to several mailboxes, counts that differ between
+    ranks; each followed by a small allreduce that must find the messages in step."""
+    k, me = rt.size(), rt.rank()
+    room = MESSAGE_BYTES
+    for title, rows_of in (("96 KiB gathered", lambda r: 96 * 1024 // k),
+                           ("a mailbox and one byte each", lambda r: room + 1),
+                           ("none from rank 0, 2.5 mailboxes from the others",
+                            lambda r: 0 if r == 0 else 5 * room // 2),
+                           ("different counts", lambda r: 40000 * (r + 1) + r)):
+        inputs = [make_input(r, (rows_of(r),), np.uint8, None, "pairwise", title)
+                  for r in range(k)]
+        for algorithm in ("pairwise", "auto"):
+            what = f"allgather({algorithm}), {title}"
+            if algorithm == "auto" and title == "96 KiB gathered":
+                plan = _AllgatherPlan(inputs[me], "pairwise", None, algorithm, False)
+                assert (plan.checked is not None) == (k > 1), f"{what}: compiled call?"
+            assert_equal_arrays(rt.allgather(inputs[me], name="pairwise",
+                                             algorithm=algorithm),
+                                np.concatenate(inputs), what)
+            total_ranks = rt.allreduce(np.full(2, me + 1, np.int64), op=rt.Sum, name="step")
+            assert_equal_arrays(total_ranks, np.full(2, k * (k + 1) // 2, np.int64),
+                                f"allreduce after {what}")
 
 
 @check()
