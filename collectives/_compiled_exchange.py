@@ -43,7 +43,7 @@ from ._mailboxes import (NO_BOXES, mailbox_arrival, mailbox_claim, mailbox_consu
                          mailbox_data, mailbox_length, mailbox_publish, mailbox_ranks,
                          mailbox_receive, mailbox_send, mailboxes_of)
 from ._native_calls import MpiFunctions, call_c, copy_bytes, mpi_functions, void_pointer
-from ._pairwise import gathered_through_mailboxes, through_mailboxes
+from ._pairwise import through_mailboxes
 from ._recursive_doubling import TAG, schedule_of
 
 HEADERS_IF_DIFFERENT = 0
@@ -568,12 +568,8 @@ def _checked_collective(plan, handles, collective, fresh_header, send, receive) 
         counters = numba.carray(void_pointer(plan[_AT_COUNTERS]), plan[_COUNTER_WORDS],
                                 np.int64)
         offsets = np.arange(mailbox_ranks(counters)[1] + 1) * collective[_COUNT]
-        if kind == MAILBOX_ALLGATHER:
-            gathered_through_mailboxes(boxes, counters, state[_YIELD], send, receive,
-                                       offsets)
-        else:
-            through_mailboxes(boxes, counters, state[_YIELD], send, offsets, receive,
-                              offsets)
+        through_mailboxes(boxes, counters, state[_YIELD], send, offsets,
+                          kind == MAILBOX_ALLGATHER, receive, offsets)
         return 0
     function, count = collective[_FUNCTION], np.int32(collective[_COUNT])
     comm, datatype, op = handles[0], handles[2], handles[3]

@@ -35,19 +35,7 @@ def alltoall(group: Group, send: np.ndarray, send_offsets: list[int], receive: n
         send, receive: 1-D uint8 buffers.
         send_offsets, receive_offsets: p+1 byte offsets of the blocks per rank.
     """
-    comm, rank, size = group.comm, group.rank, group.size
-    mailboxes = mailboxes_of(group)
-    if mailboxes is not None:
-        through_mailboxes(mailboxes.boxes, mailboxes.counters, mailboxes.yield_address,
-                          send, np.array(send_offsets, np.int64), receive,
-                          np.array(receive_offsets, np.int64))
-        return
-    receive[receive_offsets[rank]:receive_offsets[rank + 1]] = \
-        send[send_offsets[rank]:send_offsets[rank + 1]]
-    for step in range(1, size):
-        to, source = (rank + step) % size, (rank - step) % size
-        comm.Sendrecv(send[send_offsets[to]:send_offsets[to + 1]], to, TAG,
-                      receive[receive_offsets[source]:receive_offsets[source + 1]], source, TAG)
+    _pairwise(group, send, send_offsets, False, receive, receive_offsets)
 
 
 def allgather(group: Group, send: np.ndarray, receive: np.ndarray,
@@ -60,48 +48,41 @@ def allgather(group: Group, send: np.ndarray, receive: np.ndarray,
         send, receive: 1-D uint8 buffers.
         receive_offsets: p+1 byte offsets of the ranks' rows.
     """
-    comm, rank, size = group.comm, group.rank, group.size
+    _pairwise(group, send, receive_offsets, True, receive, receive_offsets)
+
+
+def _pairwise(group: Group, send: np.ndarray, send_offsets: list[int], whole: bool,
+              receive: np.ndarray, receive_offsets: list[int]) -> None:
+    """The exchange of :func:`through_mailboxes`, through ``MPI_Sendrecv`` where the
+    group has no mailboxes."""
     mailboxes = mailboxes_of(group)
     if mailboxes is not None:
-        gathered_through_mailboxes(mailboxes.boxes, mailboxes.counters,
-                                   mailboxes.yield_address, send, receive,
-                                   np.array(receive_offsets, np.int64))
+        through_mailboxes(mailboxes.boxes, mailboxes.counters, mailboxes.yield_address,
+                          send, np.array(send_offsets, np.int64), whole, receive,
+                          np.array(receive_offsets, np.int64))
         return
-    receive[receive_offsets[rank]:receive_offsets[rank + 1]] = send
-    for step in range(1, size):
+    comm, rank, size = group.comm, group.rank, group.size
+    for step in range(size):
         to, source = (rank + step) % size, (rank - step) % size
-        comm.Sendrecv(send, to, TAG,
-                      receive[receive_offsets[source]:receive_offsets[source + 1]], source, TAG)
+        block = send if whole else send[send_offsets[to]:send_offsets[to + 1]]
+        target = receive[receive_offsets[source]:receive_offsets[source + 1]]
+        if step == 0:
+            target[...] = block
+        else:
+            comm.Sendrecv(block, to, TAG, target, source, TAG)
 
 
 @numba.njit(cache=True, nogil=True)
-def through_mailboxes(boxes, counters, yield_address: int, send, send_offsets, receive,
-                      receive_offsets) -> None:
-    """The pairwise alltoall through a group's mailboxes (``boxes``, ``counters`` and
-    ``yield_address`` as :class:`._mailboxes.Mailboxes` has them), with :func:`alltoall`'s
-    arguments, the offsets as int64 arrays."""
-    _exchange(boxes, counters, yield_address, send, send_offsets, False, receive,
-              receive_offsets)
-
-
-@numba.njit(cache=True, nogil=True)
-def gathered_through_mailboxes(boxes, counters, yield_address: int, send, receive,
-                               receive_offsets) -> None:
-    """The pairwise allgather through a group's mailboxes (as
-    :func:`through_mailboxes`), with :func:`allgather`'s arguments, the offsets as an
-    int64 array."""
-    _exchange(boxes, counters, yield_address, send, receive_offsets, True, receive,
-              receive_offsets)
-
-
-@numba.njit(cache=True, nogil=True)
-def _exchange(boxes, counters, yield_address: int, send, send_offsets, whole: bool,
-              receive, receive_offsets) -> None:
-    """The pairwise exchange through the mailboxes: to rank j ``send``'s block j
-    (between ``send_offsets[j]`` and ``send_offsets[j+1]``), or all of ``send`` where
-    ``whole``. Blocks go a mailbox at a time, the sends and receives of a step taking
-    turns; every pair of ranks exchanges at least one message (empty for an empty
-    block), so both count the same messages."""
+def through_mailboxes(boxes, counters, yield_address: int, send, send_offsets,
+                      whole: bool, receive, receive_offsets) -> None:
+    """The pairwise exchange through a group's mailboxes (``boxes``, ``counters`` and
+    ``yield_address`` as :class:`._mailboxes.Mailboxes` has them), the offsets as int64
+    arrays: to rank j ``send``'s block j (between ``send_offsets[j]`` and
+    ``send_offsets[j+1]``; all of ``send`` where ``whole``, an allgather), from rank j
+    into ``receive`` between ``receive_offsets[j]`` and ``receive_offsets[j+1]``.
+    Blocks go a mailbox at a time, the sends and receives of a step taking turns; every
+    pair of ranks exchanges at least one message (empty for an empty block), so both
+    count the same messages."""
     rank, size = mailbox_ranks(counters)
     room = mailbox_room(boxes, counters)
     for step in range(size):

@@ -98,11 +98,14 @@ takes more steps too."""
 PAIRWISE_ALLGATHER_MAX_BYTES = 512 * 1024
 """Up to this size (the gathered output) the built-in table's allgather over 2 ranks
 above :data:`CARRIED_ALLGATHER_MAX_BYTES` takes the pairwise exchange through the node's
-mailboxes, as alltoall does (see :data:`PAIRWISE_ALLTOALL_MAX_BYTES`); MPI's own
-above."""
+mailboxes, as alltoall does (see :data:`PAIRWISE_ALLTOALL_MAX_BYTES`); MPI's own above.
+Measured on one node from 128 to 512 KiB: 1.01-1.35x MPI's own allgather alone at 2
+ranks, 0.83-1.68x at 3 and 4, where MPI's own behind the check ran at 0.62-0.96x; at 2
+MiB the exchange was slower than MPI's own (see docs/benchmarks.md)."""
 
 WIDE_PAIRWISE_ALLGATHER_MAX_BYTES = 1024 * 1024
-""":data:`PAIRWISE_ALLGATHER_MAX_BYTES` over 3 or more ranks."""
+""":data:`PAIRWISE_ALLGATHER_MAX_BYTES` over 3 or more ranks (1 MiB: 0.83-1.47x MPI's own
+alone, 0.70-0.92x behind the check)."""
 
 _NOT_TABULATED = ("auto", "ipc")
 

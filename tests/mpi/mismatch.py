@@ -612,7 +612,7 @@ def bad_calls() -> list[tuple[str, type[BaseException], Callable[[], object], li
         ("bad broadcast algorithm", Inv,
          lambda: rt.broadcast(f32, 0, name="t", algorithm="ring"), ["'t'", "ring"]),
         ("bad allgather algorithm", Inv,
-         lambda: rt.allgather(f32, name="t", algorithm="pairwise"), ["'t'", "pairwise"]),
+         lambda: rt.allgather(f32, name="t", algorithm="pipeline"), ["'t'", "pipeline"]),
         ("bad reducescatter algorithm", Inv,
          lambda: rt.reducescatter(f32, rt.Sum, name="t", algorithm="binomial"),
          ["'t'", "binomial"]),
