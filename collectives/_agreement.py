@@ -534,7 +534,8 @@ class CarriedGather:
         self._known = np.zeros(size, np.uint8)
         held = None if buffers.compiled is None else buffers.compiled.gather_held(
             buffers.message, buffers.receive, self._cells, self._known)
-        self._held = CheckedCollective(group, call, buffers, held or self._held_in_python, 0)
+        self._held = CheckedCollective(group, call, buffers, held or self._held_in_python,
+                                       width)
 
     def _held_in_python(self, fresh_header: np.ndarray, source: np.ndarray,
                         result: np.ndarray) -> int:
@@ -556,6 +557,8 @@ class CarriedGather:
             self.group, buffers, fresh_header, buffers.message[:HEADER_BYTES + all_words],
             fold, _CellTransport(self._mailboxes, buffers, self._cells, known, result))
         result[:all_words] = words
+        if verdict == 0 and _uneven(words.view(np.int64).reshape(self._shape), rank):
+            return UNEVEN
         return verdict
 
     def run(self, words: np.ndarray, data: np.ndarray) -> tuple[np.ndarray,
@@ -566,10 +569,11 @@ class CarriedGather:
         unused when it does not ride along) from every rank.
 
         Returns:
-            Every rank's words (ranks x width), and the data part (ranks x data bytes,
-            flat), or None where no data rides along; both in a new array. The data part
-            holds every rank's data only where every rank gave as many bytes: the
-            caller tells from the words.
+            Every rank's words (ranks x width, a new array), or None where every rank's
+            words are this rank's; and the data part (ranks x data bytes, flat, in a new
+            array), or None where no data rides along. The data part holds every rank's
+            data only where every rank gave as many bytes: the caller tells from the
+            words.
 
         Raises:
             MismatchError: on every rank, when any rank's call differs.
@@ -581,13 +585,20 @@ class CarriedGather:
         if self._held is not None:
             if self.carries_data:  # this rank's data goes straight to its place
                 result[self._own] = data
-            self._held.run(self._source, result)
+            every = self._held.run(self._source, result)
         else:
             if self.carries_data:
                 self._source[self._own] = data
             self._reduction.run(self._source, result, 1.0)
-        return result[:self._word_bytes].view(np.int64).reshape(self._shape), \
-            result[self._word_bytes:] if self.carries_data else None
+            every = result[:self._word_bytes].view(np.int64).reshape(self._shape)
+            if not _uneven(every, self.group.rank):
+                every = None
+        return every, result[self._word_bytes:] if self.carries_data else None
+
+
+def _uneven(words: np.ndarray, rank: int) -> bool:
+    """Whether some rank's row of ``words`` (ranks x width) is not row ``rank``'s."""
+    return bool((words != words[rank]).any())
 
 
 _MPI_TYPES = {np.dtype(numpy_type): mpi_type for numpy_type, mpi_type in (

@@ -13,7 +13,7 @@ from . import _hierarchical, _native, _pairwise, _ring, timeline
 from ._agreement import BYTES, Call, CarriedGather, CheckedCollective, agree, checked_collective
 from ._buffers import device_tensor, results_like
 from ._calls import collective_call, run_validated
-from ._checks import flat, input_array
+from ._checks import byte_view, flat, input_array
 from ._compiled_exchange import ALLGATHER, MAILBOX_ALLGATHER
 from ._executor import Handle
 from ._group import Group
@@ -129,7 +129,7 @@ class _AllgatherPlan:
         gather: how the ranks' row counts, and their rows where they fit, travel in the
             agreement's messages (``recursive_doubling``), or None.
         count: this rank's row count, as the gather's words.
-        counts: the gathered words when every rank gives as many rows as this one.
+        even_counts: every rank's row count when each gives as many rows as this one.
         even_shape, even_sizes, even_choice: then, the result's shape, the bytes of each
             rank and ``auto``'s algorithm.
         checked: where the rows do not ride and MPI's own allgather or the pairwise
@@ -178,7 +178,7 @@ class _AllgatherPlan:
             self.gather = CarriedGather(group, self.call, 1, array.nbytes
                                         if self.even_choice == "recursive_doubling" else 0)
             self.count = np.array([rows], np.int64)
-            self.counts = [[rows]] * group.size
+            self.even_counts = np.full(group.size, rows, np.int64)
             self.even_shape = (rows * group.size, *row_shape)
             self.even_sizes = [array.nbytes] * group.size
             kind = ALLGATHER if self.even_choice == "native" else MAILBOX_ALLGATHER \
@@ -245,15 +245,15 @@ def _carried(plan: _AllgatherPlan, array: np.ndarray) -> np.ndarray:
     differs.
     """
     rows = array.reshape(1) if array.ndim == 0 else array
-    mine = rows.reshape(-1).view(np.uint8)
+    mine = byte_view(rows)
     if plan.checked is not None and timeline.ACTIVE is None:
         output = HOST.new(rows, plan.even_shape)
-        counts = plan.checked.run(mine, output.reshape(-1).view(np.uint8))
+        counts = plan.checked.run(mine, byte_view(output))
         if counts is None:  # every count the same: the rows have arrived
             return output
     else:
         counts, slots = plan.gather.run(plan.count, mine)
-        if counts.tolist() == plan.counts:
+        if counts is None:  # every count the same
             if slots is not None:
                 return slots.view(rows.dtype).reshape(plan.even_shape)
             if plan.even_choice == "native":
@@ -263,4 +263,4 @@ def _carried(plan: _AllgatherPlan, array: np.ndarray) -> np.ndarray:
                 return output
     return gather_rows(plan.group, rows, plan.row_shape, "auto", plan.gather_layout,
                        plan.settings.segment_bytes, settings=plan.settings,
-                       counts=counts[:, 0])[0]
+                       counts=plan.even_counts if counts is None else counts[:, 0])[0]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
+import numba
 import numpy as np
 
 from . import _native, _pairwise, timeline
@@ -15,12 +16,13 @@ from ._agreement import BYTES, Call, CarriedGather, CheckedCollective, agree, \
     checked_collective
 from ._buffers import device_tensor, results_like
 from ._calls import collective_call, run_validated
-from ._checks import check_splits, check_splittable, flat, input_array
+from ._checks import byte_view, check_splits, check_splittable, flat, input_array
 from ._compiled_exchange import ALLTOALL, MAILBOX_ALLTOALL
 from ._executor import Handle
 from ._group import Group
 from ._mailboxes import mailboxes_of
 from ._memory import AWARE, HOST, goes_direct
+from ._native_calls import copy_bytes
 from ._placement import memory_for, staged
 from ._plan_cache import PlanCache
 from ._ops import COPY_DTYPES, check_dtype
@@ -53,7 +55,7 @@ def alltoall(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = Non
                           "alltoall", name)
         if plan is not None and plan.gather is not None and tensor.flags.c_contiguous:
             return run_validated("alltoall", name, process_set, _carried, plan,
-                                 tensor.reshape(-1).view(np.uint8), plan.even_splits, tensor)
+                                 byte_view(tensor), plan.even_splits, tensor)
     return collective_call("alltoall", name, process_set,
                            lambda: _prepare(tensor, splits, name, process_set, algorithm),
                            restore=results_like(tensor))
@@ -84,6 +86,8 @@ class _AlltoallPlan:
         even_matrix: the matrix of splits when no rank gives any, as a list of lists.
         even_move: the data phase when every rank's splits are the even ones and the rows
             do not ride in the agreement (``recursive_doubling`` plans only).
+        even_received, even_block: then, the rows received from each rank, and the
+            offset and length in bytes of this rank's block in every rank's send buffer.
         layout: the group's node layout (host memory).
         checked: where the even splits send as many rows to every rank and MPI's own
             alltoall or the pairwise exchange through the node's mailboxes moves them,
@@ -117,6 +121,9 @@ class _AlltoallPlan:
         self.layout = layout_of(group, settings)
         if chosen == "recursive_doubling":
             received = int(self.even_splits[group.rank])
+            self.even_received = np.full(group.size, received, np.int64)
+            self.even_block = (int(self.even_splits[:group.rank].sum()) * row_bytes,
+                               received * row_bytes)
             self.even_move = _Movement(
                 (self.even_splits * row_bytes).tolist(), [received * row_bytes] * group.size,
                 received * group.size, auto_choice("alltoall", array.nbytes, group.size,
@@ -193,22 +200,20 @@ def _carried(plan: _AlltoallPlan, send: np.ndarray, send_splits: np.ndarray,
     if plan.checked is not None and send_splits is plan.even_splits and \
             timeline.ACTIVE is None:
         output = HOST.new(array, (plan.even_move.rows, *array.shape[1:]))
-        matrix = plan.checked.run(send, output.reshape(-1).view(np.uint8))
+        matrix = plan.checked.run(send, byte_view(output))
         if matrix is None:  # the even splits, every block of one size
             return output, plan.even_splits.copy()
         slots = None
     else:
         matrix, slots = plan.gather.run(send_splits, send)
+        if matrix is None:  # every rank's splits are this rank's
+            if send_splits is plan.even_splits:
+                return _even_blocks(plan, send, slots, array), plan.even_received.copy()
+            matrix = np.tile(send_splits, (size, 1))
     received_splits = matrix[:, rank].copy()
     rows = matrix.tolist()
-    if slots is None and rows == plan.even_matrix:
-        return _move(group, send, plan.even_move, HOST, array), received_splits
-    if slots is not None and rows == plan.even_matrix:  # one block from each rank
-        start, length = sum(rows[0][:rank]) * row_bytes, rows[0][rank] * row_bytes
-        output = HOST.new(array, (size * rows[0][rank], *array.shape[1:]))
-        output.reshape(-1).view(np.uint8).reshape(size, length)[...] = \
-            slots.reshape(size, mine)[:, start:start + length]
-        return output, received_splits
+    if rows == plan.even_matrix:
+        return _even_blocks(plan, send, slots, array), received_splits
     if slots is not None and all(sum(row) * row_bytes == mine for row in rows):
         output = HOST.new(array, (sum(row[rank] for row in rows), *array.shape[1:]))
         target = output.reshape(-1).view(np.uint8)
@@ -223,6 +228,28 @@ def _carried(plan: _AlltoallPlan, send: np.ndarray, send_splits: np.ndarray,
     algorithm = auto_choice("alltoall", nbytes, size, plan.settings, plan.layout)
     return _move(group, send, _movement(send_splits, received_splits, row_bytes, algorithm),
                  HOST, array), received_splits
+
+
+def _even_blocks(plan: _AlltoallPlan, send: np.ndarray, slots: np.ndarray | None,
+                 array: np.ndarray) -> np.ndarray:
+    """The rows for this rank when every rank sent the even splits: its block of each
+    rank's send buffer in ``slots`` (every rank's whole send buffer, as they rode in the
+    agreement), or moved as the plan chose where they did not ride."""
+    if slots is None:
+        return _move(plan.group, send, plan.even_move, HOST, array)
+    start, length = plan.even_block
+    output = HOST.new(array, (plan.even_move.rows, *array.shape[1:]))
+    _take_blocks(slots, send.nbytes, start, length, byte_view(output))
+    return output
+
+
+@numba.njit(cache=True, nogil=True)
+def _take_blocks(slots, stride: int, start: int, length: int, output) -> None:
+    """``output``'s consecutive blocks of ``length`` bytes from ``slots[start:]``,
+    ``slots[stride + start:]``, and so on (uint8 arrays)."""
+    for block in range(output.size // length if length else 0):
+        copy_bytes(output.ctypes.data + block * length,
+                   slots.ctypes.data + block * stride + start, length)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from ._agreement import (BYTES, PAYLOAD_CAPACITY, Call, CarriedBroadcast, Checke
 from ._compiled_exchange import BROADCAST
 from ._buffers import device_tensor, results_like, returns_itself
 from ._calls import collective_call, run_validated
-from ._checks import flat, in_place_array, input_array, root_in_group
+from ._checks import byte_view, flat, in_place_array, input_array, root_in_group
 from ._executor import Handle
 from ._group import Group
 from ._memory import AWARE, HOST, HostMemory, goes_direct
@@ -250,4 +250,4 @@ def _key(collective: str, on_device: bool, array: Any, root_rank: Any, name: str
 
 def _carried(plan: _BroadcastPlan, array: np.ndarray, output: np.ndarray) -> None:
     """A small broadcast in the agreement's own messages, into C-contiguous ``output``."""
-    plan.carried.run(array.reshape(-1).view(np.uint8), output.reshape(-1).view(np.uint8))
+    plan.carried.run(byte_view(array), byte_view(output))

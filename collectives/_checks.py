@@ -45,6 +45,14 @@ def in_place_array(tensor: Any, collective: str, name: str | None) -> np.ndarray
     return tensor
 
 
+_BYTE = np.dtype(np.uint8)
+
+
+def byte_view(array: np.ndarray) -> np.ndarray:
+    """The bytes of a C-contiguous array, as a 1-D uint8 view."""
+    return (array if array.ndim == 1 else array.reshape(-1)).view(_BYTE)
+
+
 def flat(array: np.ndarray) -> np.ndarray:
     """A 1-D view of a C-contiguous array, or a contiguous 1-D copy of any other."""
     if array.flags.c_contiguous:

@@ -468,8 +468,10 @@ def _gather_held(plan, handles, cells, known, fresh_header, source, result) -> i
     :meth:`CompiledExchange.checked_collective` sends them (every rank's, combined by
     bitwise or at every step); behind them each message carries the data its sender
     knows by then (``known``: scratch, one byte per rank), which a rank takes from a
-    partner whose signature is its own. 0, or :data:`DIFFERENT` when some rank's
-    signature differed (``result`` then unspecified)."""
+    partner whose signature is its own. 0 where every rank's words are this rank's,
+    :data:`UNEVEN` where some differ (every rank's data has arrived all the same), or
+    :data:`DIFFERENT` when some rank's signature differed (``result`` then
+    unspecified)."""
     state = numba.carray(void_pointer(plan[_AT_STATE]), plan[_STATE_WORDS], np.int64)
     boxes = numba.carray(void_pointer(plan[_AT_BOXES]), plan[_BOX_WORDS], np.int64)
     counters = numba.carray(void_pointer(plan[_AT_COUNTERS]), plan[_COUNTER_WORDS], np.int64)
@@ -489,6 +491,19 @@ def _gather_held(plan, handles, cells, known, fresh_header, source, result) -> i
         if message[i] != fresh_header[i]:
             return DIFFERENT
     copy_bytes(result.ctypes.data, message.ctypes.data + header_bytes, all_words)
+    words = numba.carray(void_pointer(message.ctypes.data + header_bytes), all_words // 8,
+                         np.int64)
+    return _words_agree(words, rank, all_words // 8 // known.size)
+
+
+@numba.njit(cache=True, nogil=True)
+def _words_agree(words, rank: int, width: int) -> int:
+    """0 where every rank's ``width`` words (rank after rank in ``words``) are group rank
+    ``rank``'s, else :data:`UNEVEN`."""
+    mine = rank * width
+    for i in range(words.size):
+        if words[i] != words[mine + i % width]:
+            return UNEVEN
     return 0
 
 
@@ -559,9 +574,8 @@ def _checked_collective(plan, handles, collective, fresh_header, send, receive) 
                    PAYLOADS if words_count else HEADERS_IF_DIFFERENT)
     if error != 0:
         return error
-    for i in range(words_count):
-        if words[i] != mine[i % width]:
-            return UNEVEN
+    if words_count and _words_agree(words, collective[_RANK], width) != 0:
+        return UNEVEN
     if kind == MAILBOX_ALLGATHER or kind == MAILBOX_ALLTOALL:
         state = numba.carray(void_pointer(plan[_AT_STATE]), plan[_STATE_WORDS], np.int64)
         boxes = numba.carray(void_pointer(plan[_AT_BOXES]), plan[_BOX_WORDS], np.int64)

@@ -44,10 +44,12 @@ def test_torch_cpu_tensors(nprocs):
     run_checks("torch_tensors", nprocs, timeout=TIMEOUT)
 
 
-@pytest.mark.parametrize("program,only", [("mismatch", None), ("allreduce", "exchange")])
+@pytest.mark.parametrize("program,only", [("mismatch", None), ("allreduce", "exchange"),
+                                          ("gather_scatter", None)])
 def test_the_agreement_over_mpi_messages(program, only):
     """As between nodes: the agreement's messages through MPI instead of the node's
-    shared memory (its mismatches, and small collectives riding in it)."""
+    shared memory (its mismatches, and small collectives riding in it: reductions,
+    gathers and alltoalls whose row counts or splits agree or differ)."""
     run_checks(program, 3, timeout=TIMEOUT, args=() if only is None else ("--only", only),
                env={"RINGTRAIN_AGREEMENT_SHARED_MEMORY": "0"})
 

@@ -314,14 +314,18 @@ def alltoall_special(algorithm: str) -> None:
         received, received_splits = rt.alltoall(x, splits, algorithm=algorithm)
         assert_equal_arrays(received, expected, f"alltoall splits as {type(splits).__name__}")
         assert_equal_arrays(received_splits, expected_splits, "received_splits")
-    # one kind of call whose splits change from call to call: none, given, none again
+    # one kind of call whose splits change from call to call: none, given (different on
+    # every rank; the default ones on every rank; the same others on every rank), none
     rows = 2 * k
     x = make_input(me, (rows, 3), np.float64, None, "a2aalt")
     inputs = [make_input(r, (rows, 3), np.float64, None, "a2aalt") for r in range(k)]
-    for title in ("default", "all to the next rank", "default again"):
+    for title in ("default", "all to the next rank", "the default ones given",
+                  "all to the last rank", "default again"):
         def splits_of(r, title=title):
-            if title.startswith("default"):
+            if title.startswith("default") or title == "the default ones given":
                 return default_splits(rows, k)
+            if title == "all to the last rank":
+                return [rows if j == k - 1 else 0 for j in range(k)]
             return [rows if j == (r + 1) % k else 0 for j in range(k)]
 
         received, received_splits = rt.alltoall(
