@@ -68,7 +68,8 @@ from . import _name_matching, _recursive_doubling, timeline
 from ._activity import ACTIVITY
 from ._compiled_exchange import (DIFFERENT, HEADERS, HEADERS_IF_DIFFERENT, PAYLOADS, UNEVEN,
                                  ALL_WORDS, CELL_DATA, CompiledExchange, cells_length,
-                                 compiled_exchange, pack_cells, payload_code, unpack_cells)
+                                 compiled_exchange, pack_cells, payload_code, unpack_cells,
+                                 words_agree)
 from ._compiled_ring import checked_ring as compiled_ring
 from ._finishing import Finisher
 from ._tracing import phase
@@ -557,8 +558,8 @@ class CarriedGather:
             self.group, buffers, fresh_header, buffers.message[:HEADER_BYTES + all_words],
             fold, _CellTransport(self._mailboxes, buffers, self._cells, known, result))
         result[:all_words] = words
-        if verdict == 0 and _uneven(words.view(np.int64).reshape(self._shape), rank):
-            return UNEVEN
+        if verdict == 0:
+            return words_agree(words.view(np.int64), rank, self._shape[1])
         return verdict
 
     def run(self, words: np.ndarray, data: np.ndarray) -> tuple[np.ndarray,
@@ -590,15 +591,10 @@ class CarriedGather:
             if self.carries_data:
                 self._source[self._own] = data
             self._reduction.run(self._source, result, 1.0)
-            every = result[:self._word_bytes].view(np.int64).reshape(self._shape)
-            if not _uneven(every, self.group.rank):
-                every = None
+            words = result[:self._word_bytes].view(np.int64)
+            every = None if words_agree(words, self.group.rank, self._shape[1]) == 0 else \
+                words.reshape(self._shape)
         return every, result[self._word_bytes:] if self.carries_data else None
-
-
-def _uneven(words: np.ndarray, rank: int) -> bool:
-    """Whether some rank's row of ``words`` (ranks x width) is not row ``rank``'s."""
-    return bool((words != words[rank]).any())
 
 
 _MPI_TYPES = {np.dtype(numpy_type): mpi_type for numpy_type, mpi_type in (

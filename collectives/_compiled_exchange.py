@@ -493,11 +493,11 @@ def _gather_held(plan, handles, cells, known, fresh_header, source, result) -> i
     copy_bytes(result.ctypes.data, message.ctypes.data + header_bytes, all_words)
     words = numba.carray(void_pointer(message.ctypes.data + header_bytes), all_words // 8,
                          np.int64)
-    return _words_agree(words, rank, all_words // 8 // known.size)
+    return words_agree(words, rank, all_words // 8 // known.size)
 
 
 @numba.njit(cache=True, nogil=True)
-def _words_agree(words, rank: int, width: int) -> int:
+def words_agree(words, rank: int, width: int) -> int:
     """0 where every rank's ``width`` words (rank after rank in ``words``) are group rank
     ``rank``'s, else :data:`UNEVEN`."""
     mine = rank * width
@@ -574,7 +574,7 @@ def _checked_collective(plan, handles, collective, fresh_header, send, receive) 
                    PAYLOADS if words_count else HEADERS_IF_DIFFERENT)
     if error != 0:
         return error
-    if words_count and _words_agree(words, collective[_RANK], width) != 0:
+    if words_count and words_agree(words, collective[_RANK], width) != 0:
         return UNEVEN
     if kind == MAILBOX_ALLGATHER or kind == MAILBOX_ALLTOALL:
         state = numba.carray(void_pointer(plan[_AT_STATE]), plan[_STATE_WORDS], np.int64)
