@@ -9,10 +9,14 @@ it. Writing costs a few attribute stores per collective.
 from __future__ import annotations
 
 import math
-import time
+from time import monotonic
 from typing import Any
 
 import numpy as np
+
+Record = tuple[int, tuple[int, ...], dict[str, Any], float]
+"""A collective entered, as written on every call: the fields of its :class:`Entry`,
+in order."""
 
 
 class Entry:
@@ -77,28 +81,29 @@ class PeerWait(Entry):
 
 
 class Activity:
-    """The collective in progress (``current``), the last one agreed (``last``), and how
-    many were entered on each set of ranks."""
+    """The collective in progress (``current``), the last one agreed (``last``), both as
+    :data:`Record` (:meth:`entry` reads one), and how many were entered on each set of
+    ranks."""
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
         """Forget everything (a new ``init``: every rank starts counting again)."""
-        self.current: Entry | None = None
+        self.current: Record | None = None
         self.point_to_point: PeerWait | None = None
-        self.last: Entry | None = None
+        self.last: Record | None = None
         self.entered_on: dict[tuple[int, ...], int] = {}
 
     def enter(self, world_ranks: tuple[int, ...], fields: dict[str, Any]) -> None:
         """This rank starts a collective's agreement."""
         entered = self.entered_on
         number = entered[world_ranks] = entered.get(world_ranks, 0) + 1
-        self.current = Entry(number, world_ranks, fields, time.monotonic())
+        self.current = (number, world_ranks, fields, monotonic())
 
-    def resume(self, entry: Entry | None) -> None:
-        """The collective ``entry`` is in progress again (a call ran inside its agreement)."""
-        self.current = entry
+    def resume(self, record: Record | None) -> None:
+        """The collective ``record`` is in progress again (a call ran inside its agreement)."""
+        self.current = record
 
     def agreed(self) -> None:
         """Every rank has entered the collective in progress (or it failed)."""
@@ -107,8 +112,8 @@ class Activity:
     def status(self, world_ranks: tuple[int, ...]) -> dict[str, Any]:
         """What this rank tells a stalled rank: its collective in progress, if any, and
         how many it has entered on ``world_ranks``."""
-        current, last, peer = self.current, self.last, self.point_to_point
-        now = time.monotonic()
+        current, last, peer = entry(self.current), entry(self.last), self.point_to_point
+        now = monotonic()
         return {
             "point_to_point": None if peer is None else
             (peer.describe(), now - peer.started),
@@ -120,6 +125,11 @@ class Activity:
 
 
 ACTIVITY = Activity()
+
+
+def entry(record: Record | None) -> Entry | None:
+    """The :class:`Entry` of ``record`` (None for None)."""
+    return None if record is None else Entry(*record)
 
 
 def _ranks(world_ranks: tuple[int, ...]) -> str:

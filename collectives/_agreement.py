@@ -638,7 +638,10 @@ class CheckedCollective:
         """
         call = _enter(self.group, self.call)
         try:
-            agreed = self._step(call, send, receive)
+            status = self._run(call.fresh_array, send, receive)
+            if not status:
+                return None
+            agreed = self._outcome(status)
             if agreed is _DIFFERENT:
                 with phase("wait for ranks"):
                     agreed = _until_agreed(self.group, call, self._buffers,
@@ -649,7 +652,10 @@ class CheckedCollective:
             ACTIVITY.agreed()
 
     def _step(self, call: Call, send: np.ndarray, receive: np.ndarray) -> Any:
-        status = self._run(call.fresh_array, send, receive)
+        return self._outcome(self._run(call.fresh_array, send, receive))
+
+    def _outcome(self, status: int) -> Any:
+        """What a run that returned ``status`` agreed: None, the words, or _DIFFERENT."""
         if status == 0:
             return None
         if status == DIFFERENT:
@@ -845,11 +851,11 @@ def _resolve_mismatch(group: Group, call: Call, waited: float) -> None:
 
 def _run_out_of_turn(state: Any, group: Group, name: str) -> None:
     """Run this rank's waiting call ``name`` now, then resume the call in progress."""
-    entry = ACTIVITY.current
+    in_progress = ACTIVITY.current
     key = _name_matching.waiting_key(state.executor, name, group.world_ranks,
                                      state.group.size)
     state.executor.run_waiting(key)
-    ACTIVITY.resume(entry)
+    ACTIVITY.resume(in_progress)
 
 
 @dataclass(frozen=True)

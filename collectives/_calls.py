@@ -10,7 +10,7 @@ from typing import Any
 from mpi4py import MPI
 
 from . import timeline
-from ._activity import ACTIVITY
+from ._activity import ACTIVITY, entry
 from ._agreement import Call, agree
 from ._buffers import Restore
 from ._executor import Handle
@@ -136,7 +136,8 @@ def _logged(collective: str, name: str | None, body: Callable[..., Any], args: t
         raise _failed(collective, name, error) from error
     finally:
         if ACTIVITY.last is not before and LOGGER.isEnabledFor(logging.DEBUG):
-            log_call(ACTIVITY.last, world().group.world_rank, time.perf_counter() - start)
+            log_call(entry(ACTIVITY.last), world().group.world_rank,
+                     time.perf_counter() - start)
 
 
 def _failed(collective: str, name: str | None, error: MPI.Exception) -> CommunicationError:

@@ -36,7 +36,7 @@ from typing import Any
 from mpi4py import MPI
 
 from ..variables import STALL_SHUTDOWN_SECONDS
-from ._activity import Activity, PeerWait, _ranks
+from ._activity import Activity, Entry, PeerWait, _ranks
 from .logs import LOGGER
 
 ANSWER_SECONDS = 3.0
@@ -79,7 +79,8 @@ class StallInspector:
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
             self._answer_queries()
-            entry = self._activity.current or self._activity.point_to_point
+            record = self._activity.current
+            entry = self._activity.point_to_point if record is None else Entry(*record)
             if entry is None:
                 continue
             waited = time.monotonic() - entry.started
@@ -91,8 +92,8 @@ class StallInspector:
                     handler.flush()
                 self._comm.Abort(1)
             periods = int(waited // self._check)
-            if periods >= 1 and self._reported != (entry, periods):
-                self._reported = (entry, periods)
+            if periods >= 1 and self._reported != (record or entry, periods):
+                self._reported = (record or entry, periods)
                 LOGGER.warning("%s", self._report(entry, waited))
 
     def _answer_queries(self) -> None:

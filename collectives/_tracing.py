@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any, ContextManager
 
 from . import timeline
-from ._activity import ACTIVITY
+from ._activity import ACTIVITY, Entry
 
 _NOTHING = contextlib.nullcontext()
 _row = "(none)"
@@ -38,7 +38,8 @@ def call_span(line: timeline.Timeline, collective: str, name: str | None) -> Ite
     before = ACTIVITY.last
     with line.span(_row, collective) as args:
         yield
-        entry = ACTIVITY.last
-        if entry is not None and entry is not before:
+        last = ACTIVITY.last
+        if last is not None and last is not before:
+            entry = Entry(*last)
             args.update(bytes=entry.nbytes, algorithm=entry.fields.get("algorithm"),
                         dtype=str(entry.fields.get("dtype")))
