@@ -20,7 +20,6 @@ import bisect
 import math
 import sys
 import threading
-from typing import Any
 
 import numpy as np
 
@@ -69,9 +68,8 @@ class ResultPool:
         self._handed_out = 0
         self._lock = threading.Lock()
 
-    def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """An uninitialised C-contiguous array, over a pooled block when it is large."""
-        dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < MIN_BYTES or nbytes > self.limit_bytes:
             return np.empty(shape, dtype)
