@@ -227,11 +227,17 @@ def _broadcast(plan: _BroadcastPlan, memory: Any, array: Any, source: Any, owner
     else:
         output = memory.new(array, array.shape)
         work = output.reshape(-1) if memory is HOST else output
-        if group.rank == root:
+        if group.rank == root and checked is None:
             memory.copy(source, output)
     if checked is not None:
-        data = work.view(np.uint8)
+        # Out of place the root sends its input and copies it into the result after, so
+        # the others read the bytes where they lie, not a copy just written in this
+        # core's cache.
+        sent = flat(source) if not in_place and group.rank == root else work
+        data = sent.view(np.uint8)
         checked.run(data, data)
+        if sent is not work:
+            work[...] = sent
     else:
         broadcast_bytes(group, work.view(np.uint8) if memory is HOST else work, root,
                         plan.chosen, plan.settings.segment_bytes, plan.layout, plan.inner,

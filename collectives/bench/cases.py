@@ -217,9 +217,12 @@ class Case:
                 return lambda: _done(comm.Bcast(work, o.root), work)
 
             def broadcast_out_of_place() -> np.ndarray:
-                if self.rank == o.root:
-                    out[...] = send
-                comm.Bcast(out, o.root)
+                if self.rank != o.root:
+                    comm.Bcast(out, o.root)
+                    return out
+                # From the input, then the copy: the others read bytes not just written.
+                comm.Bcast(send, o.root)
+                out[...] = send
                 return out
 
             return broadcast_out_of_place

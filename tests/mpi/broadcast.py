@@ -29,8 +29,10 @@ def broadcast_matrix(algorithm: str) -> None:
                 what = (f"broadcast(algorithm={algorithm}, root={root}, dtype={dtype.name}, "
                         f"shape={shape})")
                 expected = data(root, shape, dtype)
-                # every rank passes its own (different) values; only the root's count
+                # every rank passes its own (different) values; only the root's count,
+                # read from an input that cannot be written
                 x = data(me, shape, dtype)
+                x.flags.writeable = False
                 before = x.copy()
                 y = rt.broadcast(x, root, name="b", algorithm=algorithm)
                 assert_equal_arrays(y, expected, what)
@@ -86,6 +88,8 @@ def large_and_segmented(algorithm: str) -> None:
         x = expected.copy() if me == root else np.zeros(n, np.uint8)
         y = rt.broadcast(x, root, algorithm=algorithm)
         assert_equal_arrays(y, expected, f"broadcast 3 MiB uint8 root={root} {algorithm}")
+        assert_equal_arrays(x, expected if me == root else np.zeros(n, np.uint8),
+                            f"broadcast 3 MiB uint8 root={root} {algorithm}: input after")
         if root == k - 1:
             rt.broadcast_(x, root, algorithm=algorithm)
             assert_equal_arrays(x, expected, f"broadcast_ 3 MiB uint8 root={root} {algorithm}")
