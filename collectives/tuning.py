@@ -54,11 +54,18 @@ path, whose cost is the agreement check)."""
 
 CARRIED_BROADCAST_MAX_BYTES = 128 * 1024
 """Up to this size (what the agreement's messages carry) the built-in table's broadcast
-over a power of two of ranks rides in the agreement: through the node's mailboxes it was
-measured faster than MPI's own from 8 KiB to 128 KiB at 2 and 4 ranks on one node (see
-docs/benchmarks.md); where the ranks span nodes or their messages do not pass through
-shared memory, ``auto`` takes MPI's own above :data:`SMALL_MESSAGE_BYTES` (see
+over a power of two of ranks (4 or more) rides in the agreement: through the node's
+mailboxes it was measured faster than MPI's own from 8 KiB to 128 KiB at 4 ranks on one
+node (see docs/benchmarks.md); where the ranks span nodes or their messages do not pass
+through shared memory, ``auto`` takes MPI's own above :data:`SMALL_MESSAGE_BYTES` (see
 :mod:`._selection`)."""
+
+PAIR_CARRIED_BROADCAST_MAX_BYTES = 16 * 1024
+""":data:`CARRIED_BROADCAST_MAX_BYTES` for 2 ranks, where MPI's own broadcast copies once,
+from the root's buffer, and riding copies twice through a mailbox: on a 2-core VM riding
+was 0.37x MPI's own at 32 KiB and 0.21-0.23x at 128 KiB in place in one run, 0.68-0.84x
+and 0.57-0.73x in others, where the check before MPI's own was 0.57-0.63x and 0.63-0.75x
+in all (see docs/benchmarks.md); at 16 KiB the two were even in the first run."""
 
 FOLDED_CARRIED_BROADCAST_MAX_BYTES = 16 * 1024
 """:data:`CARRIED_BROADCAST_MAX_BYTES` for other numbers of ranks, whose fold adds two
@@ -227,8 +234,9 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
     (checked and run in one compiled call, it was measured faster than MPI's own from
     256 KiB at 2, 3 and 4 ranks on one node). The other collectives: up to
     :data:`SMALL_MESSAGE_BYTES` ``recursive_doubling``, the data in the agreement's own
-    messages (broadcast up to :data:`CARRIED_BROADCAST_MAX_BYTES` or
-    :data:`FOLDED_CARRIED_BROADCAST_MAX_BYTES`, but the binomial
+    messages (broadcast up to :data:`CARRIED_BROADCAST_MAX_BYTES`,
+    :data:`PAIR_CARRIED_BROADCAST_MAX_BYTES` or :data:`FOLDED_CARRIED_BROADCAST_MAX_BYTES`,
+    but the binomial
     tree or the pipeline up to :data:`SMALL_MESSAGE_BYTES` where
     ``broadcast_pipeline_min_bytes`` is set below it; allgather up to
     :data:`CARRIED_ALLGATHER_MAX_BYTES`, reducescatter up to
@@ -248,8 +256,9 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
     if collective == "broadcast":
         start = settings.broadcast_pipeline_min_bytes
         if group_size <= 2 or start > own:
-            carried = CARRIED_BROADCAST_MAX_BYTES if group_size & (group_size - 1) == 0 \
-                else FOLDED_CARRIED_BROADCAST_MAX_BYTES
+            carried = PAIR_CARRIED_BROADCAST_MAX_BYTES if group_size == 2 else \
+                CARRIED_BROADCAST_MAX_BYTES if group_size & (group_size - 1) == 0 else \
+                FOLDED_CARRIED_BROADCAST_MAX_BYTES
             return (Range(carried, "recursive_doubling"), Range(None, "native"))
         tree = (Range(start - 1, "binomial"),) if start > 0 else ()
         return (*tree, Range(own, "pipeline"), Range(None, "native"))

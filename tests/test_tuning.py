@@ -133,7 +133,7 @@ def test_the_built_in_table_keeps_small_messages_and_takes_the_ring_or_mpi_above
             tuning.WIDE_PAIRWISE_ALLGATHER_MAX_BYTES
         assert default_choice("allgather", pairwise, ranks, SETTINGS) == "pairwise"
         assert default_choice("allgather", pairwise + 1, ranks, SETTINGS) == "native"
-    for ranks, carried in ((2, tuning.CARRIED_BROADCAST_MAX_BYTES),
+    for ranks, carried in ((2, tuning.PAIR_CARRIED_BROADCAST_MAX_BYTES),
                            (3, tuning.FOLDED_CARRIED_BROADCAST_MAX_BYTES),
                            (4, tuning.CARRIED_BROADCAST_MAX_BYTES),
                            (6, tuning.FOLDED_CARRIED_BROADCAST_MAX_BYTES)):
