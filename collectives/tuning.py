@@ -82,10 +82,17 @@ gathered so far, it was measured at 0.84-1.33x MPI's own allgather alone from 16
 CARRIED_REDUCESCATTER_MAX_BYTES = 32 * 1024
 """Up to this size the built-in table's reducescatter over 3 or more ranks rides in the
 agreement, and takes the ring above (checked and run in one compiled call); over 2 ranks
-the ring takes over above :data:`SMALL_MESSAGE_BYTES`. Measured on one node against MPI's
-own reduce-scatter behind the check, which the table took before from 4 to 64 KiB: riding
-0.90-1.35x MPI's own alone at 3 and 4 ranks from 8 to 32 KiB (MPI's own behind the check
-0.52-0.79x), the ring 1.04-3.4x at 2 ranks from 16 KiB (see docs/benchmarks.md)."""
+the ring takes over above :data:`PAIR_CARRIED_REDUCESCATTER_MAX_BYTES`. Measured on one
+node against MPI's own reduce-scatter behind the check, which the table took before from
+4 to 64 KiB: riding 0.90-1.35x MPI's own alone at 3 and 4 ranks from 8 to 32 KiB (MPI's
+own behind the check 0.52-0.79x), the ring 1.04-3.4x at 2 ranks from 16 KiB (see
+docs/benchmarks.md)."""
+
+PAIR_CARRIED_REDUCESCATTER_MAX_BYTES = 16 * 1024
+""":data:`CARRIED_REDUCESCATTER_MAX_BYTES` for 2 ranks: on a 2-core VM riding was
+0.52-0.62x MPI's own at 8 KiB and 0.87-1.02x at 16 KiB in four runs, the ring 0.43-0.59x
+and 0.69-1.13x; at 32 KiB the ring was 0.88-1.51x, riding 0.79-1.08x (see
+docs/benchmarks.md)."""
 
 PAIRWISE_ALLTOALL_MAX_BYTES = 64 * 1024
 """Up to this size (one rank's send buffer) the built-in table's alltoall over 2 ranks
@@ -236,11 +243,11 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
     :data:`SMALL_MESSAGE_BYTES` ``recursive_doubling``, the data in the agreement's own
     messages (broadcast up to :data:`CARRIED_BROADCAST_MAX_BYTES`,
     :data:`PAIR_CARRIED_BROADCAST_MAX_BYTES` or :data:`FOLDED_CARRIED_BROADCAST_MAX_BYTES`,
-    but the binomial
-    tree or the pipeline up to :data:`SMALL_MESSAGE_BYTES` where
+    but the binomial tree or the pipeline up to :data:`SMALL_MESSAGE_BYTES` where
     ``broadcast_pipeline_min_bytes`` is set below it; allgather up to
     :data:`CARRIED_ALLGATHER_MAX_BYTES`, reducescatter up to
-    :data:`CARRIED_REDUCESCATTER_MAX_BYTES` over 3 or more ranks); MPI's own above, which
+    :data:`CARRIED_REDUCESCATTER_MAX_BYTES` or :data:`PAIR_CARRIED_REDUCESCATTER_MAX_BYTES`);
+    MPI's own above, which
     was measured faster on one node, but for reducescatters, which take the ring as
     allreduces do, and allgathers and alltoalls up to :data:`PAIRWISE_ALLGATHER_MAX_BYTES`
     and :data:`PAIRWISE_ALLTOALL_MAX_BYTES` (:data:`WIDE_PAIRWISE_ALLGATHER_MAX_BYTES`,
@@ -263,7 +270,8 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
         tree = (Range(start - 1, "binomial"),) if start > 0 else ()
         return (*tree, Range(own, "pipeline"), Range(None, "native"))
     if collective == "reducescatter":
-        carried = own if group_size <= 2 else CARRIED_REDUCESCATTER_MAX_BYTES
+        carried = PAIR_CARRIED_REDUCESCATTER_MAX_BYTES if group_size <= 2 else \
+            CARRIED_REDUCESCATTER_MAX_BYTES
         return (Range(carried, "recursive_doubling"), Range(None, "ring"))
     if collective == "allgather":
         pairwise = PAIRWISE_ALLGATHER_MAX_BYTES if group_size <= 2 else \

@@ -139,7 +139,8 @@ def test_the_built_in_table_keeps_small_messages_and_takes_the_ring_or_mpi_above
                            (6, tuning.FOLDED_CARRIED_BROADCAST_MAX_BYTES)):
         assert default_choice("broadcast", carried, ranks, SETTINGS) == "recursive_doubling"
         assert default_choice("broadcast", carried + 1, ranks, SETTINGS) == "native"
-    for ranks, carried in ((2, small), (3, tuning.CARRIED_REDUCESCATTER_MAX_BYTES),
+    for ranks, carried in ((2, tuning.PAIR_CARRIED_REDUCESCATTER_MAX_BYTES),
+                           (3, tuning.CARRIED_REDUCESCATTER_MAX_BYTES),
                            (4, tuning.CARRIED_REDUCESCATTER_MAX_BYTES)):
         assert default_choice("reducescatter", carried, ranks, SETTINGS) == \
             "recursive_doubling"
