@@ -247,12 +247,11 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
     ``broadcast_pipeline_min_bytes`` is set below it; allgather up to
     :data:`CARRIED_ALLGATHER_MAX_BYTES`, reducescatter up to
     :data:`CARRIED_REDUCESCATTER_MAX_BYTES` or :data:`PAIR_CARRIED_REDUCESCATTER_MAX_BYTES`);
-    MPI's own above, which
-    was measured faster on one node, but for reducescatters, which take the ring as
-    allreduces do, and allgathers and alltoalls up to :data:`PAIRWISE_ALLGATHER_MAX_BYTES`
-    and :data:`PAIRWISE_ALLTOALL_MAX_BYTES` (:data:`WIDE_PAIRWISE_ALLGATHER_MAX_BYTES`,
-    :data:`WIDE_PAIRWISE_ALLTOALL_MAX_BYTES` over 3 or more ranks), which take the
-    pairwise exchange. (Where the ranks span nodes, ``auto`` takes MPI's own instead of
+    MPI's own above, which was measured faster on one node, but for reducescatters, which
+    take the ring as allreduces do, and allgathers and alltoalls up to
+    :data:`PAIRWISE_ALLGATHER_MAX_BYTES` and :data:`PAIRWISE_ALLTOALL_MAX_BYTES`
+    (:data:`WIDE_PAIRWISE_ALLGATHER_MAX_BYTES`, :data:`WIDE_PAIRWISE_ALLTOALL_MAX_BYTES`
+    over 3 or more ranks), which take the pairwise exchange. (Where the ranks span nodes, ``auto`` takes MPI's own instead of
     this table's allreduce ring, of riding above :data:`SMALL_MESSAGE_BYTES` and of the
     pairwise exchange: see :mod:`._selection`.)
     """
