@@ -1,21 +1,32 @@
-"""Where a small call's time goes: a broadcast of a few bytes, layer by layer, against MPI's own.
+"""Where a call's time goes: a small broadcast and mid-size alltoalls, layer by layer,
+against MPI's own.
 
     mpiexec -n 2 python benchmarks/call_layers.py
 
 A small broadcast on one node is one compiled call (the agreement's check and the move
 through the node's mailboxes) under a few layers of Python. Each row times the call
 from one layer down, in turn within each round so that the machine's noise hits all
-alike: MPI's own ``MPI_Bcast`` into a buffer it reuses; the compiled call alone; the
-checked collective around it (the activity record the stall inspector reads, the
-status); the whole ``ringtrain.broadcast`` (plan lookup, result, program order). The
-whole allgather and alltoall of as many bytes follow for comparison. A time is the
-median over ``--rounds`` rounds of rank 0's mean per call over ``--calls`` calls.
+alike: MPI's own ``MPI_Bcast`` into a buffer it reuses, and behind an ``MPI_Barrier``
+(MPI's own made to wait for every rank, as the check does); the compiled call alone;
+the fewest steps a checked call from Python takes (a new result, the byte views, a
+lock for program order, the record the stall inspector reads, the compiled call); the
+checked collective (the record, the status); the whole ``ringtrain.broadcast`` (plan
+lookup, result, program order). The whole allgather and alltoall of as many bytes
+follow for comparison.
+
+An alltoall of ``--alltoall-sizes`` bytes per rank (MPI's own behind the check, on one
+node) is timed the same way: ``MPI_Alltoall`` into a buffer it reuses, into a new numpy
+array, into a result from ringtrain's pool; the checked collective into a reused buffer
+and into a pooled result; the whole ``ringtrain.alltoall``.
+
+A time is the median over ``--rounds`` rounds of rank 0's mean per call.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import threading
 import time
 from collections.abc import Callable
 
@@ -23,20 +34,25 @@ import numpy as np
 from mpi4py import MPI
 
 import ringtrain as rt
-from ringtrain.collectives import _broadcast
+from ringtrain.collectives import _alltoall, _broadcast
+from ringtrain.collectives._activity import ACTIVITY
 from ringtrain.collectives._checks import byte_view
+from ringtrain.collectives._result_pool import RESULTS
 
 
 def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--elements", type=int, default=2, help="float32 values")
-    parser.add_argument("--calls", type=int, default=4000)
+    parser.add_argument("--elements", type=int, default=2,
+                        help="float32 values of the small broadcast")
+    parser.add_argument("--calls", type=int, default=4000, help="small calls per round")
+    parser.add_argument("--alltoall-sizes", default="131072,524288",
+                        help="bytes per rank of the alltoalls (empty: none)")
     parser.add_argument("--rounds", type=int, default=9)
     return parser.parse_args()
 
 
-def layers(elements: int, comm: MPI.Comm) -> dict[str, Callable[[], object]]:
+def broadcast_layers(elements: int, comm: MPI.Comm) -> dict[str, Callable[[], object]]:
     """Each layer's call, outermost last; empty where the broadcast does not take the
     compiled call through the mailboxes (one rank, or no shared memory)."""
     data, out = np.ones(elements, np.float32), np.empty(elements, np.float32)
@@ -48,9 +64,24 @@ def layers(elements: int, comm: MPI.Comm) -> dict[str, Callable[[], object]]:
     if checked is None:
         return {}
     header, source, result = checked.call.fresh_array, byte_view(data), byte_view(out)
+    ranks, fields, compiled = checked.group.world_ranks, checked.call.fields, checked._run
+    order = threading.Lock()
+
+    def fewest_steps() -> np.ndarray:
+        output = np.empty(data.shape, data.dtype)
+        with order:
+            ACTIVITY.enter(ranks, fields)
+            try:
+                compiled(header, byte_view(data), byte_view(output))
+            finally:
+                ACTIVITY.agreed()
+        return output
+
     return {
         "MPI_Bcast": lambda: comm.Bcast(out, 0),
+        "Barrier + Bcast": lambda: (comm.Barrier(), comm.Bcast(out, 0)),
         "compiled call": lambda: checked._run(header, source, result),
+        "fewest steps": fewest_steps,
         "checked collective": lambda: checked.run(source, result),
         "rt.broadcast": lambda: rt.broadcast(data, 0),
         "rt.allgather": lambda: rt.allgather(data),
@@ -58,35 +89,79 @@ def layers(elements: int, comm: MPI.Comm) -> dict[str, Callable[[], object]]:
     }
 
 
+def alltoall_layers(nbytes: int, comm: MPI.Comm) -> dict[str, Callable[[], object]]:
+    """The layers of an alltoall of ``nbytes`` per rank; empty where ``auto`` does not
+    take MPI's own behind the check."""
+    data, out = np.ones(nbytes // 4, np.float32), np.empty(nbytes // 4, np.float32)
+    rt.alltoall(data)  # makes the plan
+    plan = _alltoall._PLANS.get(_alltoall._key(False, data, None, None, None), None,
+                                "alltoall", None)
+    checked = None if plan is None else plan.checked
+    if checked is None or plan.even_move.algorithm != "native":
+        return {}
+    source, result = byte_view(data), byte_view(out)
+    return {
+        "MPI_Alltoall": lambda: comm.Alltoall(data, out),
+        "into np.empty": lambda: comm.Alltoall(data, np.empty(data.shape, data.dtype)),
+        "into pooled": lambda: comm.Alltoall(data, RESULTS.empty(data.shape, data.dtype)),
+        "checked": lambda: checked.run(source, result),
+        "checked, pooled": lambda: checked.run(
+            source, byte_view(RESULTS.empty(data.shape, data.dtype))),
+        "rt.alltoall": lambda: rt.alltoall(data),
+    }
+
+
+def timed(calls: dict[str, Callable[[], object]], count: int, rounds: int,
+          comm: MPI.Comm) -> dict[str, float]:
+    """Median seconds per call of each of ``calls``, timed in turn within each round."""
+    times: dict[str, list[float]] = {layer: [] for layer in calls}
+    for _ in range(rounds):
+        for layer, call in calls.items():
+            for _ in range(min(50, count)):
+                call()
+            comm.Barrier()
+            start = time.perf_counter()
+            for _ in range(count):
+                call()
+            times[layer].append((time.perf_counter() - start) / count)
+    return {layer: statistics.median(seconds) for layer, seconds in times.items()}
+
+
+def report(title: str, medians: dict[str, float]) -> None:
+    """Each layer's time, and over the first layer's (MPI's own)."""
+    print(title)
+    print(f"{'layer':>20} {'us':>8} {'x MPI':>7}")
+    mpi = next(iter(medians.values()))
+    for layer, seconds in medians.items():
+        print(f"{layer:>20} {seconds * 1e6:8.2f} {seconds / mpi:7.2f}")
+
+
 def main() -> None:
     arguments = parse_arguments()
     rt.init()
     comm = MPI.COMM_WORLD
-    calls = layers(arguments.elements, comm)
+    calls = broadcast_layers(arguments.elements, comm)
     if not calls:
         if comm.rank == 0:
             print("the broadcast does not take the compiled call through the mailboxes here "
                   "(run 2 or more ranks on one node)")
         rt.shutdown()
         return
-    times: dict[str, list[float]] = {layer: [] for layer in calls}
-    for _ in range(arguments.rounds):
-        for layer, call in calls.items():
-            for _ in range(50):
-                call()
-            comm.Barrier()
-            start = time.perf_counter()
-            for _ in range(arguments.calls):
-                call()
-            times[layer].append((time.perf_counter() - start) / arguments.calls)
+    medians = timed(calls, arguments.calls, arguments.rounds, comm)
     if comm.rank == 0:
-        print(f"# {comm.size} ranks, {arguments.elements} float32, median of "
-              f"{arguments.rounds} rounds of {arguments.calls} calls")
-        print(f"{'layer':>20} {'us':>7} {'x MPI':>7}")
-        mpi = statistics.median(times["MPI_Bcast"])
-        for layer, seconds in times.items():
-            median = statistics.median(seconds)
-            print(f"{layer:>20} {median * 1e6:7.2f} {median / mpi:7.2f}")
+        report(f"# {comm.size} ranks, broadcast of {arguments.elements} float32, median of "
+               f"{arguments.rounds} rounds of {arguments.calls} calls", medians)
+    for nbytes in [int(size) for size in arguments.alltoall_sizes.split(",") if size]:
+        calls = alltoall_layers(nbytes, comm)
+        count = max(50, (20 << 20) // nbytes)
+        if not calls:
+            if comm.rank == 0:
+                print(f"# alltoall of {nbytes} bytes: not MPI's own behind the check here")
+            continue
+        medians = timed(calls, count, arguments.rounds, comm)
+        if comm.rank == 0:
+            report(f"# alltoall of {nbytes} bytes per rank, median of {arguments.rounds} "
+                   f"rounds of {count} calls", medians)
     rt.shutdown()
 
 
