@@ -74,7 +74,8 @@ def test_a_block_in_use_is_passed_over_and_a_free_one_found_behind_it():
     assert address(again) == dropped and address(held) != dropped
     memory = again.base
     del again
-    assert address(pool.empty((MIN_BYTES,), BYTE)) != dropped  # its base is held
+    passed_over = pool.empty((MIN_BYTES,), BYTE)
+    assert address(passed_over) != dropped  # its base is held
     del memory
     assert address(pool.empty((MIN_BYTES,), BYTE)) == dropped
 
@@ -87,3 +88,24 @@ def test_small_results_and_a_zero_limit_come_from_numpy():
     pool = ResultPool(2 * MIN_BYTES)
     assert pool.empty((MIN_BYTES // 4 - 1,), np.dtype(np.float32)).flags.owndata
     assert ResultPool(0).empty((MIN_BYTES,), np.dtype(np.float32)).flags.owndata
+
+
+def test_a_result_of_the_size_asked_last_finds_its_block_again_only_when_free():
+    pool = ResultPool(8 * MIN_BYTES)
+    first = address(pool.empty((MIN_BYTES,), BYTE))  # dropped at once
+    held = pool.empty((MIN_BYTES,), BYTE)
+    assert address(held) == first
+    assert address(pool.empty((MIN_BYTES,), BYTE)) != first  # still held
+
+
+def test_a_block_dropped_beyond_the_limit_is_not_handed_out_again():
+    pool = ResultPool(3 * MIN_BYTES)
+    pool.empty((MIN_BYTES,), BYTE)  # the block last given for this size, dropped at once
+    held = [pool.empty((MIN_BYTES + 8,), BYTE) for _ in range(3)]  # too large for it
+    held.clear()
+    pool.empty((2 * MIN_BYTES,), BYTE)  # a new block: the free ones handed out first go
+    idle = pool.idle_bytes
+    result = pool.empty((MIN_BYTES,), BYTE)
+    assert pool.idle_bytes < idle  # taken from a block the pool still keeps
+    del result
+    assert pool.idle_bytes == idle
