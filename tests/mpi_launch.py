@@ -30,6 +30,7 @@ TESTS = Path(__file__).resolve().parent
 PROGRAMS = TESTS / "mpi"
 ROOT = TESTS.parent
 DEFAULT_TIMEOUT = 180.0
+DUMP_SECONDS = 0.5  # for each rank to dump its stacks before the next is asked
 MAX_SHOWN = 60_000  # characters of output shown in a failure (head and tail kept)
 
 # MPIR_CVAR_CH4_PROGRESS_THROTTLE=1 (MPICH's progress engine yielding between polls) was
@@ -88,7 +89,10 @@ def _kill_tree(process: subprocess.Popen, program: Path) -> None:
         try:
             os.kill(pid, signal.SIGUSR1)
         except ProcessLookupError:
-            pass
+            continue
+        # One rank at a time: faulthandler writes a stack line in several pieces, which
+        # mpiexec would interleave with another rank's dump.
+        time.sleep(DUMP_SECONDS)
     if ranks:
         time.sleep(1.0)
     try:
