@@ -36,7 +36,7 @@ from typing import Any
 from mpi4py import MPI
 
 from ..variables import STALL_SHUTDOWN_SECONDS
-from ._activity import Activity, Entry, PeerWait, _ranks
+from ._activity import Activity, PeerWait, _ranks, entry
 from .logs import LOGGER
 
 ANSWER_SECONDS = 3.0
@@ -80,21 +80,21 @@ class StallInspector:
         while not self._stop.wait(self._interval):
             self._answer_queries()
             record = self._activity.current
-            entry = self._activity.point_to_point if record is None else Entry(*record)
-            if entry is None:
+            waiting = entry(record) or self._activity.point_to_point
+            if waiting is None:
                 continue
-            waited = time.monotonic() - entry.started
+            waited = time.monotonic() - waiting.started
             if self._shutdown and waited >= self._shutdown:
                 LOGGER.error("%s; aborting the job (%s=%g)",
-                             self._report(entry, waited), STALL_SHUTDOWN_SECONDS.name,
+                             self._report(waiting, waited), STALL_SHUTDOWN_SECONDS.name,
                              self._shutdown)
                 for handler in LOGGER.handlers:
                     handler.flush()
                 self._comm.Abort(1)
             periods = int(waited // self._check)
-            if periods >= 1 and self._reported != (record or entry, periods):
-                self._reported = (record or entry, periods)
-                LOGGER.warning("%s", self._report(entry, waited))
+            if periods >= 1 and self._reported != (record or waiting, periods):
+                self._reported = (record or waiting, periods)
+                LOGGER.warning("%s", self._report(waiting, waited))
 
     def _answer_queries(self) -> None:
         status = MPI.Status()

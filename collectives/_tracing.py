@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any, ContextManager
 
 from . import timeline
-from ._activity import ACTIVITY, Entry
+from ._activity import ACTIVITY, entry
 
 _NOTHING = contextlib.nullcontext()
 _row = "(none)"
@@ -40,6 +40,6 @@ def call_span(line: timeline.Timeline, collective: str, name: str | None) -> Ite
         yield
         last = ACTIVITY.last
         if last is not None and last is not before:
-            entry = Entry(*last)
-            args.update(bytes=entry.nbytes, algorithm=entry.fields.get("algorithm"),
-                        dtype=str(entry.fields.get("dtype")))
+            call = entry(last)
+            args.update(bytes=call.nbytes, algorithm=call.fields.get("algorithm"),
+                        dtype=str(call.fields.get("dtype")))
