@@ -504,10 +504,11 @@ class CarriedGather:
 
     Attributes:
         carries_data: whether the data rides along.
+        data_offset: where the data starts in a result of :meth:`run`.
     """
 
-    __slots__ = ("carries_data", "group", "_reduction", "_held", "_buffers", "_mailboxes",
-                 "_cells", "_known", "_source", "_words", "_own", "_shape", "_word_bytes",
+    __slots__ = ("carries_data", "data_offset", "group", "_reduction", "_held", "_buffers",
+                 "_mailboxes", "_cells", "_known", "_source", "_words", "_own", "_shape",
                  "_given")
 
     def __init__(self, group: Group, call: Call, width: int, data_bytes: int):
@@ -525,7 +526,7 @@ class CarriedGather:
         self._words = self._source[:word_bytes].view(np.int64)[rank * width:
                                                                (rank + 1) * width]
         self._own = slice(word_bytes + rank * mine, word_bytes + (rank + 1) * mine)
-        self._shape, self._word_bytes = (size, width), word_bytes
+        self._shape, self.data_offset = (size, width), word_bytes
         self._given: np.ndarray | None = None
         self._held: CheckedCollective | None = None
         if self._mailboxes is None:
@@ -571,10 +572,10 @@ class CarriedGather:
 
         Returns:
             Every rank's words (ranks x width, a new array), or None where every rank's
-            words are this rank's; and the data part (ranks x data bytes, flat, in a new
-            array), or None where no data rides along. The data part holds every rank's
-            data only where every rank gave as many bytes: the caller tells from the
-            words.
+            words are this rank's; and a new byte array whose data part, from
+            ``data_offset`` on, holds every rank's data (ranks x data bytes), or None
+            where no data rides along. The data part holds every rank's data only where
+            every rank gave as many bytes: the caller tells from the words.
 
         Raises:
             MismatchError: on every rank, when any rank's call differs.
@@ -591,10 +592,10 @@ class CarriedGather:
             if self.carries_data:
                 self._source[self._own] = data
             self._reduction.run(self._source, result, 1.0)
-            words = result[:self._word_bytes].view(np.int64)
+            words = result[:self.data_offset].view(np.int64)
             every = None if words_agree(words, self.group.rank, self._shape[1]) == 0 else \
                 words.reshape(self._shape)
-        return every, result[self._word_bytes:] if self.carries_data else None
+        return every, result if self.carries_data else None
 
 
 _MPI_TYPES = {np.dtype(numpy_type): mpi_type for numpy_type, mpi_type in (

@@ -252,10 +252,10 @@ def _carried(plan: _AllgatherPlan, array: np.ndarray) -> np.ndarray:
         if counts is None:  # every count the same: the rows have arrived
             return output
     else:
-        counts, slots = plan.gather.run(plan.count, mine)
+        counts, carried = plan.gather.run(plan.count, mine)
         if counts is None:  # every count the same
-            if slots is not None:
-                return slots.view(rows.dtype).reshape(plan.even_shape)
+            if carried is not None:
+                return np.ndarray(plan.even_shape, rows.dtype, carried, plan.gather.data_offset)
             if plan.even_choice == "native":
                 output = HOST.new(rows, plan.even_shape)
                 _native.allgather(plan.group, mine, output.reshape(-1).view(np.uint8),

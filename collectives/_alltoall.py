@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
-import numba
 import numpy as np
 
 from . import _native, _pairwise, timeline
@@ -22,7 +21,6 @@ from ._executor import Handle
 from ._group import Group
 from ._mailboxes import mailboxes_of
 from ._memory import AWARE, HOST, goes_direct
-from ._native_calls import copy_bytes
 from ._placement import memory_for, staged
 from ._plan_cache import PlanCache
 from ._ops import COPY_DTYPES, check_dtype
@@ -203,25 +201,25 @@ def _carried(plan: _AlltoallPlan, send: np.ndarray, send_splits: np.ndarray,
         matrix = plan.checked.run(send, byte_view(output))
         if matrix is None:  # the even splits, every block of one size
             return output, plan.even_splits.copy()
-        slots = None
+        carried = None
     else:
-        matrix, slots = plan.gather.run(send_splits, send)
+        matrix, carried = plan.gather.run(send_splits, send)
         if matrix is None:  # every rank's splits are this rank's
             if send_splits is plan.even_splits:
-                return _even_blocks(plan, send, slots, array), plan.even_received.copy()
+                return _even_blocks(plan, send, carried, array), plan.even_received.copy()
             matrix = np.tile(send_splits, (size, 1))
     received_splits = matrix[:, rank].copy()
     rows = matrix.tolist()
     if rows == plan.even_matrix:
-        return _even_blocks(plan, send, slots, array), received_splits
-    if slots is not None and all(sum(row) * row_bytes == mine for row in rows):
+        return _even_blocks(plan, send, carried, array), received_splits
+    if carried is not None and all(sum(row) * row_bytes == mine for row in rows):
         output = HOST.new(array, (sum(row[rank] for row in rows), *array.shape[1:]))
         target = output.reshape(-1).view(np.uint8)
         written = 0
         for source, row in enumerate(rows):
-            start = source * mine + sum(row[:rank]) * row_bytes
+            start = plan.gather.data_offset + source * mine + sum(row[:rank]) * row_bytes
             length = row[rank] * row_bytes
-            target[written:written + length] = slots[start:start + length]
+            target[written:written + length] = carried[start:start + length]
             written += length
         return output, received_splits
     nbytes = int(matrix.sum()) * row_bytes // size
@@ -230,26 +228,19 @@ def _carried(plan: _AlltoallPlan, send: np.ndarray, send_splits: np.ndarray,
                  HOST, array), received_splits
 
 
-def _even_blocks(plan: _AlltoallPlan, send: np.ndarray, slots: np.ndarray | None,
+def _even_blocks(plan: _AlltoallPlan, send: np.ndarray, carried: np.ndarray | None,
                  array: np.ndarray) -> np.ndarray:
     """The rows for this rank when every rank sent the even splits: its block of each
-    rank's send buffer in ``slots`` (every rank's whole send buffer, as they rode in the
-    agreement), or moved as the plan chose where they did not ride."""
-    if slots is None:
+    rank's send buffer in ``carried`` (what :meth:`CarriedGather.run` returned: every
+    rank's whole send buffer, as they rode in the agreement), or moved as the plan chose
+    where they did not ride."""
+    if carried is None:
         return _move(plan.group, send, plan.even_move, HOST, array)
     start, length = plan.even_block
-    output = HOST.new(array, (plan.even_move.rows, *array.shape[1:]))
-    _take_blocks(slots, send.nbytes, start, length, byte_view(output))
-    return output
-
-
-@numba.njit(cache=True, nogil=True)
-def _take_blocks(slots, stride: int, start: int, length: int, output) -> None:
-    """``output``'s consecutive blocks of ``length`` bytes from ``slots[start:]``,
-    ``slots[stride + start:]``, and so on (uint8 arrays)."""
-    for block in range(output.size // length if length else 0):
-        copy_bytes(output.ctypes.data + block * length,
-                   slots.ctypes.data + block * stride + start, length)
+    itemsize = array.dtype.itemsize
+    blocks = np.ndarray((plan.group.size, length // itemsize), array.dtype, carried,
+                        plan.gather.data_offset + start, (send.nbytes, itemsize))
+    return blocks.reshape(plan.even_move.rows, *array.shape[1:])
 
 
 @dataclass(frozen=True)
