@@ -22,11 +22,15 @@ timed (``reduce ms`` shows ``-``).
 
 Columns: ``bytes`` = what each rank handed to the allreduces (reduce-scatters) per step,
 as the optimizer counts it; ``reduce ms`` = the gradient reduction alone (every gradient
-of the last backward pass marked ready, then ``wait()``; no compute); ``step ms`` = a whole step
-(``zero_grad``, forward, backward overlapped with the reduction, ``step``); ``x dense`` =
-pruned over dense at the same sparsity, in the same run, for the bytes, the reduction
-and the step; ``kept`` = the share of the weights left, the target for ``x dense`` of
-the reduction.
+of the last backward pass marked ready, then ``wait()``; no compute), which for pruned
+buckets includes gathering the kept elements into them and scattering them back;
+``allreduce ms`` = the communication alone: arrays of the sizes of the optimizer's
+buckets (the kept elements' where pruned), allreduced one after the other in place as
+its buckets are (same op, names and algorithm choice), no packing; ``step ms`` = a whole
+step (``zero_grad``, forward, backward overlapped with the reduction, ``step``); ``x
+dense`` = pruned over dense at the same sparsity, in the same run, for the bytes, the
+allreduces, the reduction and the step; ``kept`` = the share of the weights left, the
+target for ``x dense`` of the communication.
 
 Timing: --warmup untimed steps per configuration; then --rounds rounds, each timing
 --steps reductions and --steps steps of every configuration in turn, after a barrier;
@@ -81,6 +85,7 @@ class Configuration:
                               named_parameters=self.model.named_parameters(),
                               first_bucket_bytes=args.first_bucket_bytes)
         self.sharded = args.optimizer == "sharded"
+        self.bucket_arrays: list[tuple[str, np.ndarray]] | None = None
         self.pruner = pruning.Pruner(self.model, optimizer=self.optimizer,
                                      shrink_communication=mode == "pruned")
         if sparsity:
@@ -107,6 +112,15 @@ class Configuration:
             reducer.mark_ready(index, parameter.grad)
         reducer.wait()
 
+    def allreduce(self) -> None:
+        """Allreduce arrays the sizes of the reducer's buckets, one after the other."""
+        if self.bucket_arrays is None:
+            self.bucket_arrays = [(bucket.name, np.zeros(bucket.layout.total_size,
+                                                         bucket.layout.dtype))
+                                  for bucket in self.optimizer.reducer.buckets]
+        for name, array in self.bucket_arrays:
+            rt.allreduce_(array, name=name)
+
 
 def timed(function, steps: int) -> float:
     """Seconds per call of the slowest rank, after a barrier."""
@@ -129,13 +143,14 @@ def main() -> None:
         for _ in range(args.warmup):
             configuration.step()
     times: dict[tuple[float, str], dict[str, list[float]]] = {
-        key: {"reduce": [], "step": []} for key in configurations}
+        key: {"allreduce": [], "reduce": [], "step": []} for key in configurations}
     order = list(configurations)
     for round_index in range(args.rounds):
         rotated = order[round_index % len(order):] + order[:round_index % len(order)]
         for key in rotated:
             configuration = configurations[key]
             if not configuration.sharded:
+                times[key]["allreduce"].append(timed(configuration.allreduce, args.steps))
                 times[key]["reduce"].append(timed(configuration.reduce, args.steps))
             times[key]["step"].append(timed(configuration.step, args.steps))
     if rt.rank() != 0:
@@ -147,27 +162,33 @@ def main() -> None:
           f"{gradient_bytes / 1e6:.1f} MB of gradients; first bucket "
           f"{args.first_bucket_bytes:,} bytes; median of {args.rounds} rounds of "
           f"{args.steps} steps")
-    print(f"{'sparsity':>8} {'kept':>6} {'mode':>7} {'bytes':>12} {'reduce ms':>10} "
-          f"{'step ms':>9} {'x dense bytes':>14} {'x dense reduce':>15} {'x dense step':>13}")
+    print(f"{'sparsity':>8} {'kept':>6} {'mode':>7} {'bytes':>12} {'allreduce ms':>13} "
+          f"{'reduce ms':>10} {'step ms':>9} {'x dense bytes':>14} {'x dense allreduce':>18} "
+          f"{'x dense reduce':>15} {'x dense step':>13}")
     for sparsity in sparsities:
-        pruner = configurations[(sparsity, "pruned")].pruner
-        kept = 1.0 - pruner.sparsity()
+        kept = 1.0 - configurations[(sparsity, "pruned")].pruner.sparsity()
         dense = configurations[(sparsity, "dense")]
-        dense_step = statistics.median(times[(sparsity, "dense")]["step"])
         for mode in MODES:
             configuration = configurations[(sparsity, mode)]
             sent = configuration.bytes_per_step
-            step_ms = statistics.median(times[(sparsity, mode)]["step"]) * 1e3
-            if configuration.sharded:
-                reduce_ms, reduce_ratio = "-", "-"
-            else:
-                reduce_s = statistics.median(times[(sparsity, mode)]["reduce"])
-                dense_reduce = statistics.median(times[(sparsity, "dense")]["reduce"])
-                reduce_ms, reduce_ratio = f"{reduce_s * 1e3:.2f}", f"{reduce_s / dense_reduce:.3f}"
-            print(f"{sparsity:>8.2f} {kept:>6.3f} {mode:>7} {sent:>12,} {reduce_ms:>10} "
-                  f"{step_ms:>9.2f} {sent / dense.bytes_per_step:>14.3f} "
-                  f"{reduce_ratio:>15} {step_ms / 1e3 / dense_step:>13.3f}")
+            measured = {measure: _median_and_ratio(times[(sparsity, mode)][measure],
+                                                   times[(sparsity, "dense")][measure])
+                        for measure in ("allreduce", "reduce", "step")}
+            print(f"{sparsity:>8.2f} {kept:>6.3f} {mode:>7} {sent:>12,} "
+                  f"{measured['allreduce'][0]:>13} {measured['reduce'][0]:>10} "
+                  f"{measured['step'][0]:>9} {sent / dense.bytes_per_step:>14.3f} "
+                  f"{measured['allreduce'][1]:>18} {measured['reduce'][1]:>15} "
+                  f"{measured['step'][1]:>13}")
     rt.shutdown()
+
+
+def _median_and_ratio(seconds: list[float], dense_seconds: list[float]) -> tuple[str, str]:
+    """The median of ``seconds`` in ms and its ratio to the dense median, or dashes where
+    not timed."""
+    if not seconds:
+        return "-", "-"
+    median = statistics.median(seconds)
+    return f"{median * 1e3:.2f}", f"{median / statistics.median(dense_seconds):.3f}"
 
 
 if __name__ == "__main__":
