@@ -232,15 +232,15 @@ def _even_blocks(plan: _AlltoallPlan, send: np.ndarray, carried: np.ndarray | No
                  array: np.ndarray) -> np.ndarray:
     """The rows for this rank when every rank sent the even splits: its block of each
     rank's send buffer in ``carried`` (what :meth:`CarriedGather.run` returned: every
-    rank's whole send buffer, as they rode in the agreement), or moved as the plan chose
-    where they did not ride."""
+    rank's whole send buffer, as they rode in the agreement; copied out, or viewed where
+    they lie one after the other), or moved as the plan chose where they did not ride."""
     if carried is None:
         return _move(plan.group, send, plan.even_move, HOST, array)
     start, length = plan.even_block
     itemsize = array.dtype.itemsize
     blocks = np.ndarray((plan.group.size, length // itemsize), array.dtype, carried,
                         plan.gather.data_offset + start, (send.nbytes, itemsize))
-    return blocks.reshape(plan.even_move.rows, *array.shape[1:])
+    return np.ascontiguousarray(blocks).reshape(plan.even_move.rows, *array.shape[1:])
 
 
 @dataclass(frozen=True)

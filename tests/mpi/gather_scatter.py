@@ -43,6 +43,8 @@ def allgather_matrix(algorithm: str) -> None:
                         f"{[rows_of(r) for r in range(k)]}, trailing={trailing})")
                 y = rt.allgather(x, name="g", algorithm=algorithm)
                 assert_equal_arrays(y, np.concatenate(inputs, axis=0), what)
+                assert y.flags.c_contiguous and y.flags.writeable, \
+                    f"{what}: not a writable C-contiguous array"
                 assert not np.shares_memory(y, x)
                 assert_equal_arrays(x, before, f"{what}: input after the call")
 
@@ -277,6 +279,7 @@ def alltoall_matrix(algorithm: str) -> None:
         for trailing in [(), (2,), (3, 2)]:
             cases = [
                 ("default, even", lambda r: 2 * k, None),
+                ("default, a row to each rank", lambda r: k, None),
                 ("default, uneven", lambda r: 2 * k + 1 + r, None),
                 ("explicit with zeros", lambda r: sum(uneven_splits(r, k)), uneven_splits),
                 ("nothing to send", lambda r: 0, lambda r, kk: [0] * kk),
@@ -298,6 +301,8 @@ def alltoall_matrix(algorithm: str) -> None:
                                                         algorithm=algorithm)
                 expected, expected_splits = alltoall_expected(inputs, splits_of, me)
                 assert_equal_arrays(received, expected, what)
+                assert received.flags.c_contiguous and received.flags.writeable, \
+                    f"{what}: not a writable C-contiguous array"
                 assert_equal_arrays(received_splits, expected_splits, what + " received_splits")
                 assert_equal_arrays(x, before, f"{what}: input after the call")
 
