@@ -110,7 +110,8 @@ class _ReducescatterPlan:
         call: the signature the ranks compare.
         rows: the first row of each rank's share, and the number of rows at the end.
         bounds, counts: each rank's share in elements of the flat array.
-        share_shape: this rank's share's shape.
+        share_shape, share_offset: this rank's share's shape, and where it starts in
+            the flat array (bytes).
         combine: reduces two ranks' values (in the wire format when compressed).
         node_combine: when compressed, reduces two ranks' values before the cast (the
             hierarchical algorithm's sums inside the nodes).
@@ -157,6 +158,7 @@ class _ReducescatterPlan:
         self.bounds = bounds = [r * row for r in rows]
         self.counts = [bounds[r + 1] - bounds[r] for r in range(group.size)]
         self.share_shape = (rows[group.rank + 1] - rows[group.rank], *array.shape[1:])
+        self.share_offset = bounds[group.rank] * array.dtype.itemsize
         self.layout = None if on_device else layout_of(group, settings)
         if compressor is not None:
             chosen = reducescatter_algorithm(algorithm, array.nbytes, group.size, settings,
@@ -347,9 +349,7 @@ def _carried(plan: _ReducescatterPlan, array: np.ndarray, prescale_factor: float
     (and finished), this rank's share of it returned (a view of the new array)."""
     reduced = np.empty(array.size, array.dtype)
     plan.carried.run(array, reduced, prescale_factor)
-    start = plan.bounds[plan.group.rank]
-    share = reduced[start:start + plan.counts[plan.group.rank]]
-    return share.reshape(plan.share_shape)
+    return np.ndarray(plan.share_shape, reduced.dtype, reduced, plan.share_offset)
 
 
 def _by_recursive_doubling(group: Group, call: Call, source: np.ndarray,

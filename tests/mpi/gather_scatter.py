@@ -121,6 +121,8 @@ def reducescatter_matrix(algorithm: str) -> None:
                                         op)
                 pieces = np.array_split(full, k, axis=0)
                 assert_reduced(y, pieces[me], dtype, what)
+                assert y.flags.c_contiguous and y.flags.writeable, \
+                    f"{what}: not a writable C-contiguous array"
                 assert_equal_arrays(x, before, f"{what}: input after the call")
                 # the split across ranks is numpy.array_split's
                 rows = WORLD.allgather(y.shape[0])
