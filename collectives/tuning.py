@@ -252,8 +252,9 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
     :data:`PAIRWISE_ALLGATHER_MAX_BYTES` and :data:`PAIRWISE_ALLTOALL_MAX_BYTES`
     (:data:`WIDE_PAIRWISE_ALLGATHER_MAX_BYTES`, :data:`WIDE_PAIRWISE_ALLTOALL_MAX_BYTES`
     over 3 or more ranks), which take the pairwise exchange. (Where the ranks span
-    nodes, ``auto`` takes MPI's own instead of this table's allreduce ring, of riding above :data:`SMALL_MESSAGE_BYTES` and of the
-    pairwise exchange: see :mod:`._selection`.)
+    nodes, ``auto`` takes MPI's own instead of this table's allreduce ring, of riding
+    above :data:`SMALL_MESSAGE_BYTES` and of the pairwise exchange: see
+    :mod:`._selection`.)
     """
     own = SMALL_MESSAGE_BYTES
     if collective == "allreduce":
