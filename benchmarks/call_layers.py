@@ -1,5 +1,5 @@
-"""Where a call's time goes: a small broadcast and mid-size alltoalls, layer by layer,
-against MPI's own.
+"""Where a call's time goes: a small broadcast and allgather and mid-size alltoalls, layer
+by layer, against MPI's own.
 
     mpiexec -n 2 python benchmarks/call_layers.py
 
@@ -12,7 +12,13 @@ the fewest steps a checked call from Python takes (a new result, the byte views,
 lock for program order, the record the stall inspector reads, the compiled call); the
 checked collective (the record, the status); the whole ``ringtrain.broadcast`` (plan
 lookup, result, program order). The whole allgather and alltoall of as many bytes
-follow for comparison.
+follow for comparison. One more row is what the check would cost made by MPI:
+``MPI_Allreduce`` of 16 bytes, MPI's own collective in which every rank hears from
+every rank, as a rank must before it knows that every rank made its call.
+
+An allgather of as many bytes per rank is timed the same way: ``MPI_Allgather`` into a
+buffer it reuses, the compiled call alone (the check, every rank's row count and rows
+through the mailboxes), the whole ``ringtrain.allgather``.
 
 An alltoall of ``--alltoall-sizes`` bytes per rank (MPI's own behind the check, on one
 node) is timed the same way: ``MPI_Alltoall`` into a buffer it reuses, into a new numpy
@@ -34,7 +40,7 @@ import numpy as np
 from mpi4py import MPI
 
 import ringtrain as rt
-from ringtrain.collectives import _alltoall, _broadcast
+from ringtrain.collectives import _allgather, _alltoall, _broadcast
 from ringtrain.collectives._activity import ACTIVITY
 from ringtrain.collectives._checks import byte_view
 from ringtrain.collectives._result_pool import RESULTS
@@ -66,6 +72,7 @@ def broadcast_layers(elements: int, comm: MPI.Comm) -> dict[str, Callable[[], ob
     header, source, result = checked.call.fresh_array, byte_view(data), byte_view(out)
     ranks, fields, compiled = checked.group.world_ranks, checked.call.fields, checked._run
     order = threading.Lock()
+    header16 = np.zeros(2, np.int64)
 
     def fewest_steps() -> np.ndarray:
         output = np.empty(data.shape, data.dtype)
@@ -80,12 +87,33 @@ def broadcast_layers(elements: int, comm: MPI.Comm) -> dict[str, Callable[[], ob
     return {
         "MPI_Bcast": lambda: comm.Bcast(out, 0),
         "Barrier + Bcast": lambda: (comm.Barrier(), comm.Bcast(out, 0)),
+        "Allreduce 16 B": lambda: comm.Allreduce(MPI.IN_PLACE, header16, MPI.MAX),
         "compiled call": lambda: checked._run(header, source, result),
         "fewest steps": fewest_steps,
         "checked collective": lambda: checked.run(source, result),
         "rt.broadcast": lambda: rt.broadcast(data, 0),
         "rt.allgather": lambda: rt.allgather(data),
         "rt.alltoall": lambda: rt.alltoall(data),
+    }
+
+
+def allgather_layers(elements: int, comm: MPI.Comm) -> dict[str, Callable[[], object]]:
+    """The layers of an allgather of ``elements`` float32 per rank; empty where its rows
+    do not ride in the compiled call through the mailboxes."""
+    data, out = np.ones(elements, np.float32), np.empty(elements * comm.size, np.float32)
+    rt.allgather(data)  # makes the plan
+    plan = _allgather._PLANS.get(_allgather._key(False, data, None, None, None), None,
+                                 "allgather", None)
+    gather = None if plan is None else plan.gather
+    checked = None if gather is None or not gather.carries_data else gather._held
+    if checked is None:
+        return {}
+    header, source = checked.call.fresh_array, gather._source
+    result = np.empty(source.size, np.uint8)
+    return {
+        "MPI_Allgather": lambda: comm.Allgather(data, out),
+        "compiled call": lambda: checked._run(header, source, result),
+        "rt.allgather": lambda: rt.allgather(data),
     }
 
 
@@ -151,6 +179,12 @@ def main() -> None:
     if comm.rank == 0:
         report(f"# {comm.size} ranks, broadcast of {arguments.elements} float32, median of "
                f"{arguments.rounds} rounds of {arguments.calls} calls", medians)
+    calls = allgather_layers(arguments.elements, comm)
+    if calls:
+        medians = timed(calls, arguments.calls, arguments.rounds, comm)
+        if comm.rank == 0:
+            report(f"# {comm.size} ranks, allgather of {arguments.elements} float32 per rank, "
+                   f"median of {arguments.rounds} rounds of {arguments.calls} calls", medians)
     for nbytes in [int(size) for size in arguments.alltoall_sizes.split(",") if size]:
         calls = alltoall_layers(nbytes, comm)
         count = max(50, (20 << 20) // nbytes)
