@@ -15,8 +15,8 @@ from ._executor import Handle
 from ._join import join
 from ._objects import allgather_object, barrier, broadcast_object
 from ._ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
-from ._point_to_point import (RecvOp, SendOp, batch_isend_irecv, irecv, isend, recv, send,
-                              sendrecv)
+from ._point_to_point import (ANY_SOURCE, RecvOp, SendOp, batch_isend_irecv, irecv, isend,
+                              recv, send, sendrecv)
 from ._process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from ._reducescatter import reducescatter, reducescatter_async
 from ._world import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
@@ -40,6 +40,7 @@ __all__ = [
     "broadcast_async_", "reducescatter", "reducescatter_async", "alltoall", "alltoall_async",
     "barrier", "broadcast_object", "allgather_object", "join",
     "send", "isend", "recv", "irecv", "sendrecv", "batch_isend_irecv", "SendOp", "RecvOp",
+    "ANY_SOURCE",
     "Handle", "poll", "synchronize",
     "Compression", "Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor",
     "Settings", "ALGORITHMS", "configure", "current_settings",

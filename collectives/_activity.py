@@ -76,8 +76,9 @@ class PeerWait(Entry):
     def describe(self) -> str:
         """``"recv of tensor 'x' from rank 1 (tag 0)"``."""
         label = "(unnamed)" if self.name is None else repr(self.name)
-        return (f"{self.collective} of tensor {label} {self.fields['direction']} rank "
-                f"{self.fields['peer']} (tag {self.fields['tag']})")
+        peer = "any rank" if self.fields["peer"] == "any" else f"rank {self.fields['peer']}"
+        return (f"{self.collective} of tensor {label} {self.fields['direction']} {peer} "
+                f"(tag {self.fields['tag']})")
 
 
 class Activity:

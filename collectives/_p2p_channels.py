@@ -34,6 +34,7 @@ class Channels:
         transfers: replies and large messages' data, tagged by sequence number.
         tag_limit: the largest tag a user may give (MPI's ``TAG_UB``).
         sequences: how many sequence numbers there are.
+        world_ranks: the world rank of each group rank (names a receive's sender).
         sent: a count of the messages sent to each group rank; a message's sequence
             number is its place in that count modulo ``sequences`` (``next`` on a count
             is one step under the GIL: threads sending to the same rank at once never
@@ -44,7 +45,8 @@ class Channels:
 
     compiled: Any = None
 
-    def __init__(self, comm: MPI.Comm):
+    def __init__(self, comm: MPI.Comm, world_ranks: tuple[int, ...]):
+        self.world_ranks = world_ranks
         self.messages = comm.Dup()
         self.transfers = comm.Dup()
         self.messages.Set_name("ringtrain point-to-point")
@@ -67,7 +69,7 @@ class Channels:
 def open_channels(group: Group) -> Channels:
     """Build ``group``'s point-to-point communicators (collective over its ranks); they
     are freed with the group."""
-    channels = Channels(group.comm)
+    channels = Channels(group.comm, group.world_ranks)
     group.state["point_to_point"] = channels
     group.children.append(channels)
     return channels

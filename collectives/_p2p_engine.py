@@ -41,6 +41,9 @@ class PeerHandle(Handle):
     settled = False
     """Whether the call has completed: what the engine polls (a plain attribute, where
     the future's own ``done`` takes a lock)."""
+    source: int | None = None
+    """For a receive: the world rank of its sender, once its message has matched (at
+    once for a receive from one rank; for one from ``ANY_SOURCE``, when it arrives)."""
 
     def __init__(self, operation: str, name: str | None):
         super().__init__(None, (), operation, name)
@@ -55,13 +58,13 @@ class PeerHandle(Handle):
 
     def result(self, timeout: float | None = None) -> Any:
         """Wait (moving the messages in flight) and return the result or raise its error."""
-        if not self.settled:
+        if not self.settled and not super().done():  # done: a callback asks, while settling
             ENGINE.wait([self], timeout)
         return super().result(0)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Wait (moving the messages in flight) and return the error, if any."""
-        if not self.settled:
+        if not self.settled and not super().done():
             ENGINE.wait([self], timeout)
         return super().exception(0)
 
@@ -81,11 +84,12 @@ class Outcome:
         settled: whether the call has completed.
     """
 
-    __slots__ = ("name", "settled", "_result", "_error")
+    __slots__ = ("name", "settled", "source", "_result", "_error")
 
     def __init__(self, operation: str, name: str | None):
         self.name = name
         self.settled = False
+        self.source: int | None = None
         self._result: Any = None
         self._error: BaseException | None = None
 

@@ -287,8 +287,16 @@ class ReceiveOperation(Operation):
             else None
 
     def start(self) -> None:
-        if self.alone and self._take_compiled_steps():
+        if self.alone and self.peer != MPI.ANY_SOURCE and self._take_compiled_steps():
             self._work = self._compiled.begin()
+
+    def wait_entry(self) -> PeerWait:
+        """What this receive waits for; one from any rank waits for none in particular."""
+        if self.peer != MPI.ANY_SOURCE:
+            return super().wait_entry()
+        return PeerWait(0, (self.me_world,),
+                        {"collective": self.kind, "name": self.handle.name, "tag": self.tag,
+                         "peer": "any", "direction": self.direction}, time.monotonic())
 
     def resume(self, steps: CompiledReceive, work: np.ndarray, code: int) -> None:
         """Take over a receive whose first compiled call was made without this object
@@ -321,6 +329,9 @@ class ReceiveOperation(Operation):
                 return False
             buffer = np.empty(status.Get_count(MPI.BYTE), np.uint8)
             message.Recv(buffer)
+            if self.peer == MPI.ANY_SOURCE:  # from now on, a receive from that rank
+                self.peer = status.Get_source()
+                self.peer_world = self.handle.source = self.channels.world_ranks[self.peer]
             self._take(Header(buffer), buffer)
             self._complete_if_done()
             return True

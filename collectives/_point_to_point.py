@@ -16,11 +16,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
+from mpi4py import MPI
 
 from ._buffers import DeviceTensor, device_tensor, is_torch_tensor, torch_from_host, \
     torch_view
 from ._checks import in_place_array, input_array
 from ._executor import Handle
+from ._group import Group
 from ._ops import COPY_DTYPES, check_dtype
 from ._p2p_channels import Channels, channels_of
 from ._p2p_engine import ENGINE, Outcome, PeerHandle
@@ -31,6 +33,11 @@ from ._plan_cache import PlanCache
 from ._process_sets import ProcessSet, resolve_group
 from .config import current_settings
 from .errors import InvalidArgumentError, UnsupportedDtypeError, subject
+
+
+ANY_SOURCE = -1
+"""``src=ANY_SOURCE``: a receive that takes a message from whichever rank sends one
+first (with its tag); its handle's ``source`` then says which world rank that was."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +64,7 @@ class RecvOp:
     Attributes:
         tensor: where the data goes (its shape and dtype are checked against the
             sender's), or None for a new array of the sender's shape and dtype.
-        src: world rank of the sender.
+        src: world rank of the sender, or :data:`ANY_SOURCE`.
         tag: matches the send's tag.
         name: the name the sender must have given (None: any).
         like: with ``tensor=None``, a tensor whose kind and device the result takes (a
@@ -112,7 +119,8 @@ def recv(tensor: Any = None, src: int = 0, tag: int = 0, name: str | None = None
     Args:
         tensor: where the data goes (returned): the sender's shape and dtype must be
             its own; or None for a new tensor of the sender's shape and dtype.
-        src: world rank of the sender (a member of ``process_set``).
+        src: world rank of the sender (a member of ``process_set``), or
+            :data:`ANY_SOURCE` for the first message with ``tag`` from any rank.
         tag: the send's tag.
         name: the name the sender must have given (None accepts any).
         process_set: the ranks this message travels among (default: all).
@@ -128,7 +136,7 @@ def recv(tensor: Any = None, src: int = 0, tag: int = 0, name: str | None = None
         InvalidArgumentError: a bad rank or tag, or a blocking receive from this rank
             itself.
     """
-    array = None if tensor is None else _plannable(tensor, src, tag)
+    array = None if tensor is None or src == ANY_SOURCE else _plannable(tensor, src, tag)
     if array is not None and array.flags.writeable:
         _plan(_RECEIVE_PLANS, ReceivePlan, "recv", array, src, tag, name, process_set).run(array)
         return tensor
@@ -139,7 +147,8 @@ def recv(tensor: Any = None, src: int = 0, tag: int = 0, name: str | None = None
 def irecv(tensor: Any = None, src: int = 0, tag: int = 0, name: str | None = None,
           process_set: ProcessSet | None = None, *, like: Any = None) -> Handle:
     """Start receiving (see :func:`recv`); :func:`synchronize` on the handle returns
-    what :func:`recv` returns."""
+    what :func:`recv` returns, and the handle's ``source`` is the sender's world rank
+    (for ``src=ANY_SOURCE``, once the message has arrived)."""
     return batch_isend_irecv([RecvOp(tensor, src, tag, name, like)], process_set)[0]
 
 
@@ -246,7 +255,10 @@ def _receive_operation(tensor: Any, src: Any, tag: Any, name: Any, like: Any,
     """A checked receive; a blocking one (``Outcome``) must not be from this rank."""
     route = _route("recv", src, tag, name, process_set, handle_type is Outcome)
     expectation, target, finish = _receive_into(tensor, name, like)
-    return ReceiveOperation(handle_type("recv", name), *route, expectation, target, finish)
+    handle = handle_type("recv", name)
+    if src != ANY_SOURCE:
+        handle.source = route[2]
+    return ReceiveOperation(handle, *route, expectation, target, finish)
 
 
 def _route(what: str, peer: Any, tag: Any, name: Any, process_set: ProcessSet | None,
@@ -261,12 +273,10 @@ def _route(what: str, peer: Any, tag: Any, name: Any, process_set: ProcessSet | 
         raise InvalidArgumentError(
             f"{subject(what, name)}: the peer must be a rank (int), got {peer!r}")
     peer = int(peer)
-    try:
-        peer_rank = group.world_ranks.index(peer)
-    except ValueError:
-        raise InvalidArgumentError(
-            f"{subject(what, name)}: rank {peer} is not among the ranks "
-            f"{list(group.world_ranks)} of this call") from None
+    if peer == ANY_SOURCE and what == "recv":
+        peer_rank = MPI.ANY_SOURCE
+    else:
+        peer_rank = _group_rank(group, peer, what, name)
     if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or \
             not 0 <= tag <= channels.tag_limit:
         raise InvalidArgumentError(
@@ -278,6 +288,15 @@ def _route(what: str, peer: Any, tag: Any, name: Any, process_set: ProcessSet | 
             f"forever for its own {'recv' if what == 'send' else 'send'}; use sendrecv, "
             f"or isend/irecv and synchronize")
     return channels, peer_rank, peer, group.world_rank, int(tag)
+
+
+def _group_rank(group: Group, peer: int, what: str, name: str | None) -> int:
+    try:
+        return group.world_ranks.index(peer)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"{subject(what, name)}: rank {peer} is not among the ranks "
+            f"{list(group.world_ranks)} of this call") from None
 
 
 def _send_data(tensor: Any, name: str | None) -> np.ndarray:

@@ -1,5 +1,6 @@
-"""The library's module structure: no import cycles, and the trainer and the kvstore use
-only the collectives' public API and their engine (``ringtrain.collectives.engine``).
+"""The library's module structure: no import cycles, and the front ends (the trainer, the
+kvstore, the torch.distributed backend) use only the collectives' public API and their
+engine (``ringtrain.collectives.engine``).
 
 Imports are read from the source (every import statement, also those inside functions),
 so a cycle hidden behind an import placed in a function is found too.
@@ -21,6 +22,7 @@ PACKAGE_DIRS = {
     "ringtrain.trainer": ROOT / "trainer",
     "ringtrain.launcher": ROOT / "launcher",
     "ringtrain.kvstore": ROOT / "kvstore",
+    "ringtrain.torch": ROOT / "torch_backend",
 }
 
 
@@ -125,7 +127,8 @@ def test_no_import_cycles() -> None:
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES
                                           if m.startswith(("ringtrain.trainer",
-                                                           "ringtrain.kvstore"))))
+                                                           "ringtrain.kvstore",
+                                                           "ringtrain.torch"))))
 def test_front_ends_use_no_private_collectives_module(module: str) -> None:
     private = sorted(target for target in GRAPH[module]
                      if target.startswith("ringtrain.collectives.")
@@ -136,7 +139,8 @@ def test_front_ends_use_no_private_collectives_module(module: str) -> None:
 def test_collectives_and_kernels_do_not_import_upwards() -> None:
     upward = {m: sorted(t for t in GRAPH[m] if t.startswith(("ringtrain.trainer",
                                                              "ringtrain.launcher",
-                                                             "ringtrain.kvstore")))
+                                                             "ringtrain.kvstore",
+                                                             "ringtrain.torch")))
               for m in MODULES if m.startswith(("ringtrain.collectives", "ringtrain.kernels"))}
     assert not {m: t for m, t in upward.items() if t}
     kernels_up = {m: sorted(t for t in GRAPH[m] if t.startswith("ringtrain.collectives"))
@@ -156,6 +160,20 @@ def test_the_kvstore_is_a_front_end_of_its_own() -> None:
                        and any(t.startswith("ringtrain.kvstore") for t in GRAPH[m])
                        and m.count(".") > 1)
     assert not importers, f"modules importing ringtrain.kvstore: {importers}"
+
+
+def test_the_torch_backend_is_a_front_end_of_its_own() -> None:
+    """torch backend -> collectives -> kernels: it imports neither the trainer, the
+    kvstore nor the launcher, and nothing in the library imports it."""
+    backend = [m for m in MODULES if m.startswith("ringtrain.torch")]
+    sideways = {m: sorted(t for t in GRAPH[m] if t.startswith(("ringtrain.trainer",
+                                                                "ringtrain.launcher",
+                                                                "ringtrain.kvstore")))
+                for m in backend}
+    assert not {m: t for m, t in sideways.items() if t}
+    importers = sorted(m for m in MODULES if not m.startswith("ringtrain.torch")
+                       and any(t.startswith("ringtrain.torch") for t in GRAPH[m]))
+    assert not importers, f"modules importing ringtrain.torch: {importers}"
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.endswith("__main__")))

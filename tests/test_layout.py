@@ -89,6 +89,23 @@ def test_kernels_import_neither_mpi_nor_cuda(tmp_path):
     assert result.stdout.strip() == "[]", result.stdout
 
 
+def test_the_torch_backend_installs_as_ringtrain_torch_and_imports_without_mpi(tmp_path):
+    """``import ringtrain.torch`` registers the backend; MPI starts at
+    ``init_process_group``. Its folder is no top-level module (``torch_backend``)."""
+    pytest.importorskip("torch")
+    probe = ("import importlib.util, sys, ringtrain.torch, torch.distributed as dist\n"
+             "print(ringtrain.torch.__file__)\n"
+             "print(importlib.util.find_spec('torch_backend') is None)\n"
+             "print('ringtrain' in dist.Backend.backend_list)\n"
+             "print(sorted(m for m in sys.modules if m.startswith('mpi4py')))\n")
+    result = subprocess.run([sys.executable, "-I", "-c", probe], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    path, no_top_level, registered, mpi = result.stdout.strip().splitlines()[-4:]
+    assert Path(path).resolve() == ROOT / "torch_backend" / "__init__.py"
+    assert (no_top_level, registered, mpi) == ("True", "True", "[]"), result.stdout
+
+
 def test_numba_cuda_is_imported_by_one_module_only():
     statement = re.compile(r"^\s*(import numba\.cuda|from numba\.cuda\b"
                            r"|from numba import .*\bcuda\b)", re.MULTILINE)

@@ -8,7 +8,7 @@ import pytest
 from mpi_launch import run_checks
 
 NPROCS = [1, 2, 3, 4]
-CHECKS = 10
+CHECKS = 11
 
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])

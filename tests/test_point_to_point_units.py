@@ -132,7 +132,7 @@ class _OneRankComm:
 
 
 def test_threads_sending_to_one_rank_never_share_a_sequence_number():
-    channels = Channels(_OneRankComm())
+    channels = Channels(_OneRankComm(), (0,))
     drawn: list[list[int]] = [[] for _ in range(8)]
 
     def draw(into: list[int]) -> None:

@@ -330,6 +330,32 @@ def inside_process_sets():
     rt.remove_process_set(odds)
 
 
+@check
+def receives_from_any_source():
+    """Rank 0 takes one message from every rank (itself included) in whatever order they
+    come, each into a tensor of the right shape, and learns who sent it."""
+    k, me = rt.size(), rt.rank()
+    sent = rt.isend(np.full(3 + me, me, np.int64), 0, tag=11, name="any")
+    if me == 0:
+        senders = set()
+        for _ in range(k):
+            handle = rt.irecv(None, src=rt.ANY_SOURCE, tag=11, name="any")
+            got = rt.synchronize(handle)
+            assert handle.source is not None and handle.source not in senders, handle.source
+            senders.add(handle.source)
+            assert_equal_arrays(got, np.full(3 + handle.source, handle.source, np.int64),
+                                f"from rank {handle.source}")
+        assert senders == set(range(k)), senders
+        expect_raises(rt.InvalidArgumentError, rt.send, np.ones(1), rt.ANY_SOURCE,
+                      match=["rank -1 is not among"])
+    rt.synchronize(sent)
+    if k > 1 and me == 1:  # a blocking receive from any rank
+        got = rt.recv(np.empty(2), src=rt.ANY_SOURCE, tag=12)
+        assert_equal_arrays(got, np.array([0.0, 2.0]), "a blocking receive from any rank")
+    elif k > 1 and me == 0:
+        rt.send(np.array([0.0, 2.0]), 1, tag=12)
+
+
 class _Records(logging.Handler):
     def __init__(self) -> None:
         super().__init__()
