@@ -17,7 +17,7 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 
 _SUBPACKAGES = ("collectives", "kernels", "trainer", "launcher", "elastic", "pruning",
                 "pipeline", "variables", "timeline_format", "resize_protocol", "atomic_file",
-                "kvstore")
+                "kvstore", "balance")
 
 
 def __getattr__(name: str) -> Any:

@@ -1,5 +1,6 @@
 """Training-loop integration: DistributedOptimizer, gradient buckets, state broadcast,
-data sharding, uneven inputs, loss scaling, elastic restarts and pipeline parallelism.
+data sharding, load balancing, uneven inputs, loss scaling, elastic restarts and
+pipeline parallelism.
 
 Names are imported on first use, so ``import ringtrain.trainer`` neither imports
 mpi4py nor torch; the PyTorch parts import torch only when given a torch optimizer.
@@ -15,6 +16,8 @@ _EXPORTS = {
     "broadcast_parameters": "state_broadcast",
     "broadcast_optimizer_state": "state_broadcast",
     "DistributedSampler": "sharding",
+    "LoadBalancer": "balance",
+    "BalancedBatchSampler": "balanced_sampler",
     "join": "uneven",
     "JoinResult": "uneven",
     "DynamicLossScaler": "loss_scaling",

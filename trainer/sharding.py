@@ -68,27 +68,27 @@ class DistributedSampler:
     def __init__(self, dataset: int | Sized, num_replicas: int | None = None,
                  rank: int | None = None, shuffle: bool = True, seed: int = 0,
                  mode: str = "pad"):
-        length = _dataset_length(dataset)
+        length = dataset_length("DistributedSampler", dataset)
         if mode not in MODES:
-            raise _invalid(f"DistributedSampler: mode must be one of "
-                           f"{', '.join(map(repr, MODES))}, got {mode!r}")
+            raise invalid_argument(f"DistributedSampler: mode must be one of "
+                                   f"{', '.join(map(repr, MODES))}, got {mode!r}")
         if num_replicas is None:
             from ..collectives import size
             num_replicas = size()
         if rank is None:
             from ..collectives import rank as world_rank
             rank = world_rank()
-        _check_int("num_replicas", num_replicas)
-        _check_int("rank", rank)
-        _check_int("seed", seed)
+        check_int("DistributedSampler", "num_replicas", num_replicas)
+        check_int("DistributedSampler", "rank", rank)
+        check_int("DistributedSampler", "seed", seed)
         if num_replicas < 1:
-            raise _invalid(f"DistributedSampler: num_replicas must be at least 1, "
-                           f"got {num_replicas}")
+            raise invalid_argument(f"DistributedSampler: num_replicas must be at least 1, "
+                                   f"got {num_replicas}")
         if not 0 <= rank < num_replicas:
-            raise _invalid(f"DistributedSampler: rank must be in [0, {num_replicas}) for "
-                           f"num_replicas={num_replicas}, got {rank}")
+            raise invalid_argument(f"DistributedSampler: rank must be in [0, {num_replicas}) for "
+                                   f"num_replicas={num_replicas}, got {rank}")
         if seed < 0:
-            raise _invalid(f"DistributedSampler: seed must be >= 0, got {seed}")
+            raise invalid_argument(f"DistributedSampler: seed must be >= 0, got {seed}")
         self._length = length
         self._num_replicas = int(num_replicas)
         self._rank = int(rank)
@@ -137,9 +137,9 @@ class DistributedSampler:
         Raises:
             InvalidArgumentError: ``epoch`` is negative or not an integer.
         """
-        _check_int("epoch", epoch)
+        check_int("DistributedSampler", "epoch", epoch)
         if epoch < 0:
-            raise _invalid(f"DistributedSampler: epoch must be >= 0, got {epoch}")
+            raise invalid_argument(f"DistributedSampler: epoch must be >= 0, got {epoch}")
         self._epoch = int(epoch)
 
     def __len__(self) -> int:
@@ -149,11 +149,7 @@ class DistributedSampler:
         return self.total_size // self._num_replicas
 
     def __iter__(self) -> Iterator[int]:
-        if self._shuffle:
-            generator = np.random.Generator(np.random.PCG64(self._seed + self._epoch))
-            order = generator.permutation(self._length)
-        else:
-            order = np.arange(self._length)
+        order = epoch_order(self._length, self._seed, self._epoch, self._shuffle)
         # np.resize repeats the array from its start to fill (pad) or cuts it (drop).
         order = np.resize(order, self.total_size)
         return iter(order[self._rank::self._num_replicas].tolist())
@@ -164,26 +160,42 @@ class DistributedSampler:
                 f"seed={self._seed}, epoch={self._epoch}, len={len(self)})")
 
 
-def _dataset_length(dataset: int | Sized) -> int:
+# What the samplers share (the BalancedBatchSampler too).
+
+def epoch_order(length: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """The indices ``0 .. length-1`` in an epoch's order: the permutation drawn from
+    ``numpy.random.Generator(numpy.random.PCG64(seed + epoch))``, or the natural order."""
+    if shuffle:
+        return np.random.Generator(np.random.PCG64(seed + epoch)).permutation(length)
+    return np.arange(length)
+
+
+def dataset_length(owner: str, dataset: int | Sized) -> int:
+    """``dataset`` if it is an int, else its ``len()``; checked to be >= 0.
+
+    Raises:
+        InvalidArgumentError: neither an int nor sized, or a negative length.
+    """
     if isinstance(dataset, (int, np.integer)) and not isinstance(dataset, bool):
         length = int(dataset)
     elif hasattr(dataset, "__len__"):
         length = len(dataset)
     else:
-        raise _invalid(f"DistributedSampler: dataset must be an int (its length) or have "
-                       f"__len__, got {type(dataset).__name__}")
+        raise invalid_argument(f"{owner}: dataset must be an int (its length) or have "
+                               f"__len__, got {type(dataset).__name__}")
     if length < 0:
-        raise _invalid(f"DistributedSampler: the dataset's length must be >= 0, got {length}")
+        raise invalid_argument(f"{owner}: the dataset's length must be >= 0, got {length}")
     return length
 
 
-def _check_int(name: str, value: object) -> None:
+def check_int(owner: str, name: str, value: object) -> None:
+    """Raise InvalidArgumentError unless ``value`` is an int (numpy's too, not a bool)."""
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-        raise _invalid(f"DistributedSampler: {name} must be an int, "
-                       f"got {type(value).__name__} {value!r}")
+        raise invalid_argument(f"{owner}: {name} must be an int, got "
+                               f"{type(value).__name__} {value!r}")
 
 
-def _invalid(message: str) -> Exception:
-    # Imported here: importing the collectives imports mpi4py.
+def invalid_argument(message: str) -> Exception:
+    """An InvalidArgumentError (imported here: importing the collectives imports mpi4py)."""
     from ..collectives.errors import InvalidArgumentError
     return InvalidArgumentError(message)
