@@ -7,6 +7,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+from ._balanced_steps import NO_BALANCE, StepBalance, NoBalance, step_balance
 from .gradient_reducer import GradientReducer
 
 _STEP_AFTER_SYNCHRONIZE = (
@@ -20,10 +21,13 @@ class SynchronizedSteps:
 
     A front end sets ``self._reducer`` and implements :meth:`_missing` (the array of a
     gradient that was not marked ready this step); :meth:`_after_synchronize` runs once
-    the gradients hold the reduced values.
+    the gradients hold the reduced values. With a load balancer it calls
+    :meth:`_attach_balance` once, and its ``zero_grad()`` and ``step()`` tell
+    ``self._balance`` (``compute_started()``, ``stepped()``).
     """
 
     _reducer: GradientReducer
+    _balance: StepBalance | NoBalance = NO_BALANCE
     _should_synchronize = True
     _synchronized = False
     _step_after_synchronize = _STEP_AFTER_SYNCHRONIZE
@@ -42,15 +46,33 @@ class SynchronizedSteps:
         """Change ``backward_passes_per_step`` (between steps)."""
         self._reducer.backward_passes_per_step = passes
 
+    @property
+    def balancer(self) -> Any:
+        """The :class:`~ringtrain.trainer.balance.LoadBalancer` given as ``balance=``, or None."""
+        return self._balance.balancer
+
     def synchronize(self) -> None:
         """Wait until every gradient holds the value reduced across ranks.
 
         Gradients that were not computed this step take part with zeros, so ranks never
         wait for each other's unused parameters.
         """
-        self._reducer.wait(missing=self._missing)
-        self._after_synchronize()
+        self._wait_for_gradients()
         self._synchronized = True
+
+    def _wait_for_gradients(self) -> None:
+        """Wait for the step's reductions, then let the front end finish the gradients."""
+        with self._balance.synchronizing():
+            self._reducer.wait(missing=self._missing)
+        self._after_synchronize()
+
+    def _attach_balance(self, balancer: Any, op: Any, process_set: Any, owner: str) -> None:
+        """Weight this rank's gradients by its samples and report steps to ``balancer``
+        (None: nothing to do)."""
+        self._balance = step_balance(balancer, op, process_set, owner,
+                                     lambda: self._reducer.backward_passes_per_step)
+        if balancer is not None:
+            self._reducer.step_weight = self._balance.weight
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:

@@ -46,8 +46,8 @@ class ArrayDistributedOptimizer(SynchronizedSteps):
             order; names unique and the same on every rank, each gradient a writable
             array of its parameter's shape.
         compression, backward_passes_per_step, op, gradient_predivide_factor,
-            process_set, fusion_threshold, first_bucket_bytes: as for the PyTorch
-            :class:`~ringtrain.trainer.torch_optimizer.DistributedOptimizer`.
+            process_set, fusion_threshold, first_bucket_bytes, balance: as for the
+            PyTorch :class:`~ringtrain.trainer.torch_optimizer.DistributedOptimizer`.
 
     Raises:
         InvalidArgumentError: a missing ``step()``, a malformed triple, a gradient of
@@ -60,7 +60,7 @@ class ArrayDistributedOptimizer(SynchronizedSteps):
                  gradient_predivide_factor: float = 1.0,
                  process_set: ProcessSet | None = None, *,
                  fusion_threshold: int | None = None,
-                 first_bucket_bytes: int = 1 << 20):
+                 first_bucket_bytes: int = 1 << 20, balance: Any = None):
         if not callable(getattr(optimizer, "step", None)):
             raise InvalidArgumentError(
                 f"optimizer must have a step() method, got {type(optimizer).__name__}")
@@ -76,6 +76,7 @@ class ArrayDistributedOptimizer(SynchronizedSteps):
             prescale_factor=prescale, postscale_factor=postscale, process_set=process_set,
             fusion_threshold=fusion_threshold, first_bucket_bytes=first_bucket_bytes,
             backward_passes_per_step=backward_passes_per_step)
+        self._attach_balance(balance, op, process_set, "DistributedOptimizer")
         self._arrays = list(self._gradients.values())
 
     def gradient_arrays(self) -> list[np.ndarray]:
@@ -110,7 +111,9 @@ class ArrayDistributedOptimizer(SynchronizedSteps):
         """Synchronize (unless inside :meth:`skip_synchronize`), then call the wrapped
         optimizer's ``step(*args, **kwargs)`` and return what it returns."""
         self._synchronize_for_step()
-        return self.optimizer.step(*args, **kwargs)
+        result = self.optimizer.step(*args, **kwargs)
+        self._balance.stepped()
+        return result
 
     def zero_grad(self) -> None:
         """The wrapped optimizer's ``zero_grad()`` if it has one, else zero every gradient.
@@ -129,6 +132,7 @@ class ArrayDistributedOptimizer(SynchronizedSteps):
         else:
             for gradient in self._arrays:
                 gradient[...] = 0
+        self._balance.compute_started()
 
     def state_dict(self) -> Any:
         """The wrapped optimizer's ``state_dict()``."""

@@ -17,7 +17,7 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Iterable[tuple] | Non
                          process_set: ProcessSet | None = None, *,
                          fusion_threshold: int | None = None,
                          first_bucket_bytes: int = 1 << 20,
-                         master_weights: bool = False) -> Any:
+                         master_weights: bool = False, balance: Any = None) -> Any:
     """Wrap ``optimizer`` so that its ``step()`` uses gradients averaged across ranks.
 
     A ``torch.optim.Optimizer`` gets a
@@ -42,6 +42,10 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Iterable[tuple] | Non
         master_weights: PyTorch only: the wrapped optimizer steps float32 copies of the
             float16 and bfloat16 parameters, rounded into the model after each step
             (see :mod:`~ringtrain.trainer.master_weights`).
+        balance: a :class:`~ringtrain.trainer.balance.LoadBalancer`: each rank's
+            gradient is weighted by the samples it trained, so that the average is the
+            mean over the global batch whatever the shares; the optimizer times its
+            steps for the balancer and calls its ``step()`` (op Average or Sum only).
 
     Returns:
         The wrapped optimizer: ``step()``, ``zero_grad()``, ``synchronize()``,
@@ -49,14 +53,15 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Iterable[tuple] | Non
 
     Raises:
         InvalidArgumentError: bad arguments, duplicate or missing names,
-            ``master_weights=True`` for an optimizer that is not PyTorch's.
+            ``master_weights=True`` for an optimizer that is not PyTorch's, a
+            ``balance`` with another op or process set.
         UnsupportedDtypeError: a parameter that cannot be reduced.
     """
     arguments = dict(named_parameters=named_parameters, compression=compression,
                      backward_passes_per_step=backward_passes_per_step, op=op,
                      gradient_predivide_factor=gradient_predivide_factor,
                      process_set=process_set, fusion_threshold=fusion_threshold,
-                     first_bucket_bytes=first_bucket_bytes)
+                     first_bucket_bytes=first_bucket_bytes, balance=balance)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(optimizer, torch.optim.Optimizer):
         from .torch_optimizer import TorchDistributedOptimizer

@@ -169,6 +169,9 @@ class GradientReducer:
 
     Attributes:
         buckets: the fusion buckets, in launch order.
+        step_weight: None, or a function called once per step, on the thread that
+            launches the step's first bucket, whose result multiplies the prescale of
+            every bucket of the step (a load balancer's weight of this rank's samples).
         last_step_bytes: the bytes this rank handed to the allreduces of the last step
             that :meth:`wait` finished (counted as :attr:`bytes_per_step` counts them).
 
@@ -201,6 +204,7 @@ class GradientReducer:
         self._kept: list[KeptElements | None] = [None] * len(self.specs)
         self._lock = threading.Lock()
         self.step_prologue: Callable[[], None] | None = None
+        self.step_weight: Callable[[], float] | None = None
         self.last_step_bytes = 0
         self._build_buckets()
         self._reset()
@@ -416,23 +420,30 @@ class GradientReducer:
     def _launch_ready_buckets(self) -> None:
         while self._next_launch < len(self.buckets) and \
                 self._missing[self._next_launch] == 0:
-            if self._next_launch == 0 and self.step_prologue is not None:
-                self._handles.append(submit(_COLLECTIVE, "step prologue",
-                                            functools.partial(self._step.run,
-                                                              self.step_prologue),
-                                            self.process_set))
+            if self._next_launch == 0:
+                self._start_step()
             bucket = self.buckets[self._next_launch]
             gradients = [self._gradients[i] for i in bucket.members]
             body = functools.partial(self._step.run, bucket.reduce, self._plans[bucket.index],
                                      functools.partial(self._device_plan, bucket.index),
-                                     gradients, self._prescale, self._postscale,
+                                     gradients, self._step_prescale, self._postscale,
                                      self._as_array)
             self._handles.append(submit(_COLLECTIVE, bucket.name, body, self.process_set))
             self._step_bytes += self._wire_bytes[bucket.index]
             self._next_launch += 1
 
+    def _start_step(self) -> None:
+        """Before the step's first bucket: its prescale, and the prologue (if any)."""
+        weight = self.step_weight
+        self._step_prescale = self._prescale if weight is None else self._prescale * weight()
+        if self.step_prologue is not None:
+            self._handles.append(submit(_COLLECTIVE, "step prologue",
+                                        functools.partial(self._step.run, self.step_prologue),
+                                        self.process_set))
+
     def _reset(self) -> None:
         self._step = _Step()
+        self._step_prescale = self._prescale
         self._started = False
         self._next_launch = 0
         self._step_bytes = 0

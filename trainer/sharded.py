@@ -16,7 +16,7 @@ def ShardedOptimizer(optimizer: Any, named_parameters: Iterable[tuple] | None = 
                      backward_passes_per_step: int = 1, fusion_threshold: int | None = None,
                      first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
                      compression: Compressor = Compression.none,
-                     master_weights: bool = False) -> Any:
+                     master_weights: bool = False, balance: Any = None) -> Any:
     """Shard the optimizer state (stage 1) and the averaged gradients (stage 2) across
     the ranks: gradients are reduce-scattered, each rank steps its shard, the updated
     parameters are allgathered (see docs/sharded.md).
@@ -42,6 +42,10 @@ def ShardedOptimizer(optimizer: Any, named_parameters: Iterable[tuple] | None = 
             gradients as 16-bit floats.
         master_weights: PyTorch only: the wrapped optimizer steps float32 copies of this
             rank's pieces of the float16 and bfloat16 parameters.
+        balance: a :class:`~ringtrain.trainer.balance.LoadBalancer`: each rank's
+            gradients are weighted by the samples it trained, so that the average is the
+            mean over the global batch whatever the shares; steps are timed for the
+            balancer and its ``step()`` called.
 
     Raises:
         InvalidArgumentError: a stage other than 1 or 2, duplicate or missing names, a
@@ -52,7 +56,7 @@ def ShardedOptimizer(optimizer: Any, named_parameters: Iterable[tuple] | None = 
     arguments = dict(named_parameters=named_parameters, stage=stage,
                      process_set=process_set, backward_passes_per_step=backward_passes_per_step,
                      fusion_threshold=fusion_threshold, first_bucket_bytes=first_bucket_bytes,
-                     compression=compression)
+                     compression=compression, balance=balance)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(optimizer, torch.optim.Optimizer):
         from .sharded_optimizer import TorchShardedOptimizer

@@ -58,7 +58,8 @@ class ArrayShardedOptimizer(BucketSteps):
             host numpy arrays, contiguous, floating point, gradients writable and of
             their parameter's shape and dtype.
         stage, process_set, backward_passes_per_step, fusion_threshold,
-            first_bucket_bytes, compression: as for the PyTorch ShardedOptimizer.
+            first_bucket_bytes, compression, balance: as for the PyTorch
+            ShardedOptimizer.
 
     Raises:
         InvalidArgumentError: a factory that is not callable, malformed triples,
@@ -71,7 +72,7 @@ class ArrayShardedOptimizer(BucketSteps):
                  stage: int = 1, process_set: ProcessSet | None = None, *,
                  backward_passes_per_step: int = 1, fusion_threshold: int | None = None,
                  first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
-                 compression: Compressor = Compression.none):
+                 compression: Compressor = Compression.none, balance: Any = None):
         self.shard_rank = rank() if process_set is None else process_set.rank()
         self.shard_size = size() if process_set is None else process_set.size()
         if not callable(make_optimizer):
@@ -115,6 +116,7 @@ class ArrayShardedOptimizer(BucketSteps):
         self._synchronized = False
         self._consolidated: Any = None
         self._reset_step()
+        self._attach_balance(balance)
 
     def mark_ready(self, name: str) -> None:
         """Say that gradient ``name`` is final for this backward pass; its bucket's
@@ -144,11 +146,6 @@ class ArrayShardedOptimizer(BucketSteps):
     def synchronize(self) -> None:
         """Reduce-scatter what is left, wait, and write this rank's averaged gradients
         into the gradient pieces."""
-        for bucket in self.partition.buckets[self._next_launch:]:
-            self._missing[bucket.index] = 0
-        self._launch_ready_buckets()
-        launched = self._launched
-        self._reset_step()
 
         def deliver(bucket_index: int, chunk: np.ndarray) -> None:
             for position in self._pieces_of_bucket[bucket_index]:
@@ -156,7 +153,13 @@ class ArrayShardedOptimizer(BucketSteps):
                 name = self.parameter_names[piece.parameter]
                 self.shard_gradients[name][...] = chunk[piece.offset:piece.offset + piece.size]
 
-        wait_for_buckets(self.partition.buckets, launched, deliver)
+        with self._balance.synchronizing():
+            for bucket in self.partition.buckets[self._next_launch:]:
+                self._missing[bucket.index] = 0
+            self._launch_ready_buckets()
+            launched = self._launched
+            self._reset_step()
+            wait_for_buckets(self.partition.buckets, launched, deliver)
         self._synchronized = True
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
@@ -168,6 +171,7 @@ class ArrayShardedOptimizer(BucketSteps):
         self._synchronized = False
         self._consolidated = None
         self._gather_parameters()
+        self._balance.stepped()
         return result
 
     def zero_grad(self) -> None:
@@ -186,6 +190,7 @@ class ArrayShardedOptimizer(BucketSteps):
         if callable(zero_grad):
             zero_grad()
         self._synchronized = False
+        self._balance.compute_started()
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> float:
         """Scale the averaged gradient pieces so that their norm over all ranks' shards is
@@ -272,6 +277,7 @@ class ArrayShardedOptimizer(BucketSteps):
                 gradient = self.gradients[member]
                 buffer[offset:offset + gradient.size] = gradient.reshape(-1)
             handle = reducescatter_async(buffer, op=Average, name=bucket.name,
+                                         prescale_factor=self._launch_prescale(),
                                          process_set=self.process_set,
                                          compression=self.compression)
             self._launched.append((bucket.index, handle))

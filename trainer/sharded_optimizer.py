@@ -84,6 +84,10 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
             copies are taken from the model at the first step (so weights broadcast
             after wrapping are kept) and are part of :meth:`state_dict`, under
             ``"master_weights"`` as the DistributedOptimizer saves them.
+        balance: a :class:`~ringtrain.trainer.balance.LoadBalancer`: this rank's
+            gradients are weighted by the samples it trained (the prescale of its
+            reduce-scatters), its steps timed, and ``step()`` calls the balancer's
+            ``step()``.
 
     Raises:
         InvalidArgumentError: a stage other than 1 or 2, duplicate or missing names, a
@@ -98,7 +102,7 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
                  backward_passes_per_step: int = 1, fusion_threshold: int | None = None,
                  first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
                  compression: Compressor = Compression.none,
-                 master_weights: bool = False):
+                 master_weights: bool = False, balance: Any = None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise InvalidArgumentError(
                 f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -141,6 +145,7 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
         self._consolidated: dict[str, Any] | None = None
         self._kept: list[KeptBucket | None] = [None] * len(self.partition.buckets)
         self._reset_step()
+        self._attach_balance(balance)
         self._hooks = [hook for index, p in enumerate(self.parameters)
                        for hook in self._register_hooks(index, p)]
         if existing is not None:
@@ -227,12 +232,6 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
     def synchronize(self) -> None:
         """Launch the buckets still waiting (missing gradients count as zeros), wait for
         all of them, and give every owned piece its averaged gradient (``.grad``)."""
-        with self._lock:
-            for bucket in self.partition.buckets[self._next_launch:]:
-                self._missing[bucket.index] = 0
-            self._launch_ready_buckets()
-            launched = self._launched
-            self._reset_step()
 
         def deliver(bucket_index: int, chunk: torch.Tensor) -> None:
             kept = self._kept[bucket_index]
@@ -245,7 +244,14 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
                 shard.grad = gradient if gradient.dtype == shard.dtype else \
                     gradient.to(shard.dtype)
 
-        wait_for_buckets(self.partition.buckets, launched, deliver)
+        with self._balance.synchronizing():
+            with self._lock:
+                for bucket in self.partition.buckets[self._next_launch:]:
+                    self._missing[bucket.index] = 0
+                self._launch_ready_buckets()
+                launched = self._launched
+                self._reset_step()
+            wait_for_buckets(self.partition.buckets, launched, deliver)
         self._synchronized = True
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
@@ -264,6 +270,7 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
         self._consolidated = None
         self._round_masters_into_model()
         self._gather_parameters()
+        self._balance.stepped()
         return loss
 
     def take_masters_from_model(self) -> None:
@@ -299,6 +306,7 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
                 tensor.grad.detach_()
                 tensor.grad.zero_()
         self._synchronized = False
+        self._balance.compute_started()
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Scale the averaged gradients so that their norm over all ranks' shards is at
@@ -447,6 +455,7 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
         if kept is not None:
             buffer = kept.pack(buffer)
         handle = reducescatter_async(buffer, op=Average, name=self._name_of(bucket),
+                                     prescale_factor=self._launch_prescale(),
                                      process_set=self.process_set,
                                      compression=self.compression,
                                      splits=None if kept is None else kept.splits)

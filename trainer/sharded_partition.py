@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from ..collectives import Compressor, Max, ProcessSet, Sum, allreduce, synchronize
+from ..collectives import Average, Compressor, Max, ProcessSet, Sum, allreduce, synchronize
 from ..collectives.errors import InvalidArgumentError
+from ._balanced_steps import NO_BALANCE, NoBalance, StepBalance, step_balance
 from ._buckets import GradientSpec, assign_buckets
 
 _NAMES_SHOWN = 3
@@ -189,15 +190,37 @@ def wait_for_buckets(buckets: Sequence[ShardBucket], launched: Sequence[tuple[in
 
 
 class BucketSteps:
-    """Mixin of the ShardedOptimizers: one step's bucket bookkeeping, and
-    :meth:`skip_synchronize`. A class using it sets ``partition``, ``parameters``,
-    ``shard_rank`` and ``shard_size``."""
+    """Mixin of the ShardedOptimizers: one step's bucket bookkeeping, the load
+    balancer's calls, and :meth:`skip_synchronize`. A class using it sets ``partition``,
+    ``parameters``, ``shard_rank``, ``shard_size``, ``process_set`` and
+    ``backward_passes_per_step``."""
 
     partition: Partition
     parameters: Sequence[Any]
     shard_rank: int
     shard_size: int
+    process_set: ProcessSet | None
+    backward_passes_per_step: int
     _skip = False
+    _balance: StepBalance | NoBalance = NO_BALANCE
+
+    @property
+    def balancer(self) -> Any:
+        """The :class:`~ringtrain.trainer.balance.LoadBalancer` given as ``balance=``, or None."""
+        return self._balance.balancer
+
+    def _attach_balance(self, balancer: Any) -> None:
+        """Weight this rank's gradients by its samples and report steps to ``balancer``
+        (None: nothing to do)."""
+        self._balance = step_balance(balancer, Average, self.process_set, "ShardedOptimizer",
+                                     lambda: self.backward_passes_per_step)
+
+    def _launch_prescale(self) -> float:
+        """The prescale of the bucket launched next: the step's weight of this rank's
+        gradients, taken when the step's first bucket is launched."""
+        if self._next_launch == 0:
+            self._step_prescale = self._balance.weight()
+        return self._step_prescale
 
     def _check_rank(self, to_rank: int) -> int:
         """``to_rank`` if it is a rank of the process set, else InvalidArgumentError."""
@@ -211,6 +234,7 @@ class BucketSteps:
         """Nothing marked ready, launched or accumulated yet."""
         self._started = False
         self._next_launch = 0
+        self._step_prescale = 1.0
         self._launched: list[tuple[int, Any]] = []
         self._passes = [0] * len(self.parameters)
         self._missing = [len(bucket.members) for bucket in self.partition.buckets]

@@ -94,6 +94,10 @@ class TorchDistributedOptimizer(WrappedOptimizerView, SynchronizedSteps, torch.o
             and the model's parameter set to the rounded copy after each step. The
             copies are part of :meth:`state_dict`. Other parameters are stepped as
             they are.
+        balance: a :class:`~ringtrain.trainer.balance.LoadBalancer`: this rank's
+            gradient is weighted by the samples it trained (so that the average is the
+            mean over the global batch), its steps are timed, and ``step()`` calls the
+            balancer's ``step()``. Needs op Average or Sum.
 
     Raises:
         InvalidArgumentError: duplicate or missing parameter names, bad arguments.
@@ -108,7 +112,8 @@ class TorchDistributedOptimizer(WrappedOptimizerView, SynchronizedSteps, torch.o
                  gradient_predivide_factor: float = 1.0,
                  process_set: ProcessSet | None = None, *,
                  fusion_threshold: int | None = None,
-                 first_bucket_bytes: int = 1 << 20, master_weights: bool = False):
+                 first_bucket_bytes: int = 1 << 20, master_weights: bool = False,
+                 balance: Any = None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise InvalidArgumentError(
                 f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -124,6 +129,7 @@ class TorchDistributedOptimizer(WrappedOptimizerView, SynchronizedSteps, torch.o
             postscale_factor=postscale, process_set=process_set,
             fusion_threshold=fusion_threshold, first_bucket_bytes=first_bucket_bytes,
             backward_passes_per_step=backward_passes_per_step, as_array=_array_of)
+        self._attach_balance(balance, op, process_set, "DistributedOptimizer")
         self._masters = MasterWeights(optimizer, self._parameters) if master_weights else None
         self._hooks = [hook for i, (_, p) in enumerate(self._parameters)
                        for hook in self._register_hooks(i, p)]
@@ -220,15 +226,18 @@ class TorchDistributedOptimizer(WrappedOptimizerView, SynchronizedSteps, torch.o
         masters = self._masters
         if masters is None:
             if closure is None:
-                return self.optimizer.step()
-            return self.optimizer.step(self._synchronized_closure(closure))
-        masters.take_from_model()
-        if closure is None:
-            masters.gradients_for_step()
-            result = self.optimizer.step()
+                result = self.optimizer.step()
+            else:
+                result = self.optimizer.step(self._synchronized_closure(closure))
         else:
-            result = self.optimizer.step(self._synchronized_closure(closure))
-        masters.end_step()
+            masters.take_from_model()
+            if closure is None:
+                masters.gradients_for_step()
+                result = self.optimizer.step()
+            else:
+                result = self.optimizer.step(self._synchronized_closure(closure))
+            masters.end_step()
+        self._balance.stepped()
         return result
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -247,6 +256,7 @@ class TorchDistributedOptimizer(WrappedOptimizerView, SynchronizedSteps, torch.o
         self.optimizer.zero_grad(set_to_none=set_to_none)
         if self._masters is not None:
             self._masters.zero_model_gradients(set_to_none)
+        self._balance.compute_started()
 
     def remove_hooks(self) -> None:
         """Detach the gradient hooks from the parameters (the wrapper stops working)."""
@@ -292,8 +302,7 @@ class TorchDistributedOptimizer(WrappedOptimizerView, SynchronizedSteps, torch.o
                 # copies (L-BFGS): the model must hold them when it runs.
                 self._masters.copy_to_model()
             loss = closure()
-            self._reducer.wait(missing=self._missing)
-            self._after_synchronize()
+            self._wait_for_gradients()
             return loss
 
         return run

@@ -19,6 +19,9 @@ What differs from Horovod (see docs/horovod.md):
   (each parameter with its own coefficients, as Horovod's per-parameter allreduces).
 * A custom compressor must say which ringtrain compressor its buckets use, in a
   ``wire`` attribute.
+* ``balance=`` (not Horovod's) takes a :class:`~ringtrain.trainer.balance.LoadBalancer`:
+  each rank's gradient is weighted by the samples it trained, as ringtrain's own
+  DistributedOptimizer does.
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups: int | list[list[torch.Tensor]] | None = None,
                          sparse_as_dense: bool = False,
-                         process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
+                         process_set: ProcessSet = global_process_set, *,
+                         balance: Any = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` uses gradients reduced across ranks (Horovod's
     ``hvd.DistributedOptimizer``, on ringtrain's ``DistributedOptimizer``).
 
@@ -75,13 +79,17 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             checked, then left to ringtrain's size-based buckets.
         sparse_as_dense: accepted; sparse gradients always travel densified.
         process_set: the ranks that share the model; on other ranks ``step()`` is local.
+        balance: ringtrain's :class:`~ringtrain.trainer.balance.LoadBalancer` (not a
+            Horovod argument): each rank's gradient is weighted by the samples it
+            trained, so that the average is the mean over the global batch whatever the
+            shares; steps are timed for the balancer and its ``step()`` called.
 
     Returns:
         The wrapping optimizer, an instance of ``type(optimizer)``.
 
     Raises:
         ValueError: bad arguments, duplicate or missing parameter names, a custom
-            compressor without a ``wire`` attribute.
+            compressor without a ``wire`` attribute, ``balance`` with ``op=Adasum``.
     """
     if gradient_predivide_factor != 1.0 and op is not Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
@@ -93,13 +101,16 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
     _check_groups(groups)
+    if balance is not None and op is Adasum:
+        raise ValueError("balance= weights each rank's gradient by its samples before a "
+                         "sum; Adasum combines parameter changes: use op=Average")
     named = _horovod_names(optimizer, named_parameters)
     if op is Adasum and collectives.size() > 1:
         check_adasum([p for _, p in named])
     base = _AdasumOptimizer if op is Adasum else _HorovodOptimizer
     cls = _subclass_of(base, type(optimizer))
     return cls(optimizer, named, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, sparse_as_dense, process_set)
+               gradient_predivide_factor, sparse_as_dense, process_set, balance)
 
 
 class _HorovodOptimizer(TorchDistributedOptimizer):
@@ -111,7 +122,7 @@ class _HorovodOptimizer(TorchDistributedOptimizer):
                  named_parameters: list[tuple[str, torch.Tensor]],
                  compression: Any, backward_passes_per_step: int, op: Any,
                  gradient_predivide_factor: float, sparse_as_dense: bool,
-                 process_set: ProcessSet):
+                 process_set: ProcessSet, balance: Any = None):
         self._included = process_set is None or process_set.included()
         self._parameter_names = {p: name for name, p in named_parameters}
         self._compression = compression
@@ -124,7 +135,7 @@ class _HorovodOptimizer(TorchDistributedOptimizer):
         # planned over all ranks, which needs no communication.
         super().__init__(optimizer, named_parameters, _wire(compression),
                          backward_passes_per_step, _ringtrain_op(op), gradient_predivide_factor,
-                         process_set if self._included else None)
+                         process_set if self._included else None, balance=balance)
 
     @property
     def backward_passes_per_step(self) -> int:
@@ -223,7 +234,7 @@ class _AdasumOptimizer(_HorovodOptimizer):
                  named_parameters: list[tuple[str, torch.Tensor]],
                  compression: Any, backward_passes_per_step: int, op: Any,
                  gradient_predivide_factor: float, sparse_as_dense: bool,
-                 process_set: ProcessSet):
+                 process_set: ProcessSet, balance: Any = None):
         super().__init__(optimizer, named_parameters, Compression.none,
                          backward_passes_per_step, Average, gradient_predivide_factor,
                          sparse_as_dense, process_set)
