@@ -9,9 +9,11 @@ import pytest
 
 from mpi_launch import ROOT, run_mpi
 
-# Files starting with "_" are helpers the examples import, not examples.
+# Files starting with "_" are helpers the examples import, not examples. The
+# torch.distributed scripts (torch_*.py) run in tests/test_torch_backend.py, each on gloo
+# and on ringtrain in one launch, their weights compared.
 EXAMPLES = sorted(path.stem for path in (ROOT / "examples").glob("*.py")
-                  if not path.name.startswith("_"))
+                  if not path.name.startswith(("_", "torch_")))
 
 # A few seconds of training at np=3 on two cores; most of a run is starting Python.
 TINY = ["--epochs", "3", "--samples", "2048", "--batch-size", "32"]
@@ -42,6 +44,12 @@ MIN_ACCURACY["pipeline_parallel"] = 0.5
 REQUIRES["pipeline_parallel"] = "torch"
 
 
+# One rank twice as slow per sample, trained with even shares, then balanced ones.
+ARGUMENTS["load_balance"] = TINY + ["--hidden", "64", "--interval", "4"]
+MIN_ACCURACY["load_balance"] = 0.5
+REQUIRES["load_balance"] = "torch"
+
+
 def run_example(example: str, nprocs: int, *extra: str) -> str:
     module = REQUIRES.get(example)
     if module is not None and importlib.util.find_spec(module) is None:
@@ -60,7 +68,8 @@ def run_example(example: str, nprocs: int, *extra: str) -> str:
 
 # The examples of features whose own test programs run at 1 to 4 ranks: an even and an
 # odd number of ranks here (the suite's time matters more than a third run).
-NPROCS = {"kvstore_async": [2, 3], "pipeline_parallel": [2, 3], "pruning": [2, 3]}
+NPROCS = {"kvstore_async": [2, 3], "pipeline_parallel": [2, 3], "pruning": [2, 3],
+          "load_balance": [2, 3]}
 
 
 @pytest.mark.parametrize("example, nprocs", [(example, nprocs) for example in EXAMPLES

@@ -30,6 +30,22 @@ def test_torch_distributed_calls(nprocs, monkeypatch):
     run_checks("torch_backend", nprocs, 17 if nprocs < 4 else 18, timeout=300)
 
 
+def test_the_programs_people_run_end_as_on_gloo(monkeypatch):
+    """The examples' DDP, FSDP2, checkpoint, Lightning and Accelerate scripts at 2 ranks,
+    each on gloo and on ringtrain in the same processes (tests/mpi/torch_programs.py)."""
+    for module in ("lightning", "accelerate"):
+        pytest.importorskip(module)
+    for variable in TORCH_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    run_checks("torch_programs", 2, 8, timeout=420)
+
+
+def test_a_two_dimensional_device_mesh_ends_as_on_gloo(monkeypatch):
+    for variable in TORCH_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    run_checks("torch_programs", 4, 1, args=["--only", "device_mesh"], timeout=300)
+
+
 def test_a_launch_without_mpi_is_told_how_to_launch():
     """Two processes started as torchrun starts them (its variables set, no MPI), each
     its own MPI world of one: both are told to launch with mpiexec or ringtrain-run."""

@@ -13,8 +13,7 @@ zero (see :mod:`ringtrain.kernels.compression`); the bucket travels and is summe
 they are. The hooks run on groups of the ``"ringtrain"`` backend only.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: DDP checks a hook's annotations as objects.
 from typing import Any
 
 import torch
@@ -24,7 +23,7 @@ from ..collectives import Average, Compression, Compressor, allreduce_async_
 from .process_group import process_set_of
 
 
-def fp16_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future:
+def fp16_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average ``bucket`` over the ranks, sent as scaled float16.
 
     Args:
@@ -41,18 +40,18 @@ def fp16_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future:
     return _averaged(state, bucket, Compression.fp16)
 
 
-def bf16_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future:
+def bf16_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average ``bucket`` over the ranks, sent as bfloat16 (see :func:`fp16_hook`)."""
     return _averaged(state, bucket, Compression.bf16)
 
 
 def _averaged(state: Any, bucket: dist.GradBucket,
-              compression: Compressor) -> torch.futures.Future:
+              compression: Compressor) -> torch.futures.Future[torch.Tensor]:
     process_set = process_set_of(state)
     tensor = bucket.buffer()
     handle = allreduce_async_(tensor, op=Average, name=f"DDP bucket {bucket.index()}",
                               process_set=process_set, compression=compression)
-    future: torch.futures.Future = torch.futures.Future()
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
 
     def settle(done: Any) -> None:
         error = done.exception()
