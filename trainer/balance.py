@@ -65,9 +65,8 @@ __all__ = ["BalanceError", "LoadBalancer", "scale_loss"]
 _ROW = "load balancer"
 
 # Each rank's record in the agreement, in this order.
-(_SECONDS, _NOISE, _FAILED, _CAP, _ITERATION, _NEXT_BATCH, _FIRST_BATCH,
- _BATCHES_PER_STEP) = range(8)
-_FIELDS = 8
+_SECONDS, _FAILED, _CAP, _ITERATION, _NEXT_BATCH, _FIRST_BATCH, _BATCHES_PER_STEP = range(7)
+_FIELDS = 7
 
 
 class BalanceError(RingtrainError, RuntimeError):
@@ -89,13 +88,16 @@ class LoadBalancer:
         hysteresis: the fraction by which the predicted step time must fall for the
             shares to change.
         noise_margin: the predicted fall must also exceed this many times twice the
-            measurements' noise: the largest, over the ranks, relative standard error of
-            a rank's median seconds per sample (from the spread of its steps); 0
-            ignores it.
+            measurements' noise: how much the ranks' speeds relative to each other change
+            from one agreement to the next (the largest relative change of a rank's
+            seconds per sample over the median rank's, smoothed; a change common to all
+            ranks, such as a busier machine, is not noise here). With a margin the shares
+            first move at the second agreement with measurements (the noise is not known
+            before); 0 ignores the noise.
         correction: the fraction of the way to the proportional shares that a change
             moves (1: all the way at once).
         smoothing: the weight of the newest measurement in the smoothed seconds per
-            sample (1: the newest alone).
+            sample and in the smoothed noise (1: the newest alone).
         max_share: the most samples this rank may take per batch (its memory's limit);
             may differ between ranks. None: no cap. It may be changed later
             (:attr:`max_share`).
@@ -117,7 +119,8 @@ class LoadBalancer:
         InvalidArgumentError: an argument out of range.
         BalanceError: caps that cannot hold the global batch (on every rank).
         MismatchError: ranks that disagree on the global batch size, the least share,
-            the hysteresis, the noise margin or the correction (on every rank).
+            the hysteresis, the noise margin, the correction or the smoothing (on every
+            rank).
     """
 
     def __init__(self, global_batch_size: int, *, interval: int = 20,
@@ -159,10 +162,12 @@ class LoadBalancer:
         self.batches_per_step = 1
         self._name = (f"load balance: global batch {global_batch_size}, least share "
                       f"{min_share}, hysteresis {self.hysteresis:g}, noise margin "
-                      f"{self.noise_margin:g}, correction {self.correction:g}")
+                      f"{self.noise_margin:g}, correction {self.correction:g}, smoothing "
+                      f"{self.smoothing:g}")
         self._window: list[float] = []
         self._smoothed: float | None = None
-        self._noise = 0.0
+        self._relative: tuple[float, ...] | None = None
+        self._noise: float | None = None
         self._failed = False
         self._steps = 0
         self.measured: tuple[float, ...] = (0.0,) * self.size
@@ -267,8 +272,11 @@ class LoadBalancer:
             self._caps = self._checked_caps(records)
             self.measured = tuple(float(t) for t in records[:, _SECONDS])
             current = self.shares
-            least_gain = max(self.hysteresis,
-                             2 * self.noise_margin * float(records[:, _NOISE].max()))
+            self._follow_noise()
+            least_gain = self.hysteresis
+            if self.noise_margin:
+                least_gain = math.inf if self._noise is None else \
+                    max(least_gain, 2 * self.noise_margin * self._noise)
             new = balanced_shares(self.measured, current, self.global_batch_size,
                                   min_share=self.min_share, caps=self._caps,
                                   hysteresis=least_gain, correction=self.correction)
@@ -299,7 +307,6 @@ class LoadBalancer:
         records = np.zeros((self.size, _FIELDS), np.float64)
         mine = records[self.rank]
         mine[_SECONDS] = self._smoothed or 0.0
-        mine[_NOISE] = self._noise
         mine[_FAILED] = float(self._failed)
         mine[_CAP] = 0 if self._max_share is None else self._max_share + 1
         mine[_ITERATION], mine[_NEXT_BATCH], mine[_FIRST_BATCH] = drawn
@@ -326,19 +333,30 @@ class LoadBalancer:
                                    min_share=self.min_share, caps=self._caps)
 
     def _fold_window(self) -> None:
-        """Smooth the median of the steps measured since the last agreement in, and its
-        relative standard error into the noise."""
+        """Smooth the median of the steps measured since the last agreement in."""
         if not self._window:
             return
-        window, self._window = self._window, []
-        newest = statistics.median(window)
-        error = _relative_error_of_median(window, newest)
-        if self._smoothed is None:
-            self._smoothed, self._noise = newest, error
+        newest = statistics.median(self._window)
+        self._window = []
+        self._smoothed = newest if self._smoothed is None else \
+            self.smoothing * newest + (1.0 - self.smoothing) * self._smoothed
+
+    def _follow_noise(self) -> None:
+        """Smooth into the noise how far the ranks' speeds relative to each other moved
+        since the last agreement (from the agreed numbers: the same on every rank)."""
+        relative = _relative_to_median(self.measured)
+        if relative is None:
             return
-        weight = self.smoothing
-        self._smoothed = weight * newest + (1.0 - weight) * self._smoothed
-        self._noise = weight * error + (1.0 - weight) * self._noise
+        before, self._relative = self._relative, relative
+        if before is None:
+            return
+        changes = [abs(now - then) / then for now, then in zip(relative, before)
+                   if now > 0 and then > 0]
+        if not changes:
+            return
+        change = max(changes)
+        self._noise = change if self._noise is None else \
+            self.smoothing * change + (1.0 - self.smoothing) * self._noise
 
     def _report(self, before: tuple[int, ...], after: tuple[int, ...]) -> None:
         line = timeline.ACTIVE
@@ -390,14 +408,14 @@ def scale_loss(loss: Any, balancer: LoadBalancer) -> Any:
     return loss * (balancer.size * mine / total if total else 0.0)
 
 
-def _relative_error_of_median(values: list[float], median: float) -> float:
-    """The standard error of the median of ``values``, relative to it: 1.2533·σ/√n, with
-    σ estimated robustly as 1.4826 times the median absolute deviation (0 for fewer
-    than 3 values, which say nothing of their spread)."""
-    if len(values) < 3 or median <= 0:
-        return 0.0
-    deviation = statistics.median(abs(v - median) for v in values)
-    return 1.2533 * 1.4826 * deviation / median / math.sqrt(len(values))
+def _relative_to_median(seconds: tuple[float, ...]) -> tuple[float, ...] | None:
+    """Each rank's seconds per sample over the median measured rank's (0 where none),
+    or None when no rank measured anything."""
+    known = [t for t in seconds if t > 0]
+    if not known:
+        return None
+    typical = statistics.median(known)
+    return tuple(t / typical for t in seconds)
 
 
 def _first_undealt(records: np.ndarray) -> Position:

@@ -79,7 +79,8 @@ def balanced_shares(seconds_per_sample: Sequence[float], current: Sequence[int],
         min_share: the least any rank gets (1 or more in training).
         caps: each rank's largest share (None: no cap), or None for no caps.
         hysteresis: the fraction by which the predicted step time must fall for the
-            shares to change (0: change whenever the split differs).
+            shares to change (0: change whenever the split differs; infinity: never,
+            unless the shares in use do not fit the bounds).
         correction: the fraction of the way from ``current`` to the proportional shares
             that a change moves, in (0, 1].
 
@@ -95,7 +96,7 @@ def balanced_shares(seconds_per_sample: Sequence[float], current: Sequence[int],
     size = len(current)
     if len(seconds_per_sample) != size:
         raise ValueError(f"{len(seconds_per_sample)} measurements for {size} shares")
-    if not (math.isfinite(hysteresis) and hysteresis >= 0):
+    if not hysteresis >= 0:  # infinity keeps the shares (unless they do not fit)
         raise ValueError(f"hysteresis must be a number >= 0, got {hysteresis!r}")
     if not 0 < correction <= 1:
         raise ValueError(f"correction must be in (0, 1], got {correction!r}")

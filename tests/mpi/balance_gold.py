@@ -69,7 +69,7 @@ def global_batches(epoch: int, mode: str) -> list[np.ndarray]:
 def balanced(interval: int = 2) -> rt.LoadBalancer:
     """Shares that change at every agreement: made-up speeds, no hysteresis."""
     return rt.LoadBalancer(global_batch_size(), interval=interval, hysteresis=0.0,
-                           smoothing=1.0, measure_steps=False)
+                           noise_margin=0.0, smoothing=1.0, measure_steps=False)
 
 
 def report_speed(balancer: rt.LoadBalancer, step: int, trained: int) -> None:
