@@ -27,7 +27,7 @@ from .horovodrun import RefusedFlag, Translation, add_flags, translate
 from .host_watch import HostWatcher
 from .hosts import Host, HostListError, parse_host_list, read_hostfile
 from .mpi_vendor import Mpiexec, MpiexecError, query_mpiexec
-from .rank_env import usable_cores
+from .rank_env import torch_rendezvous, usable_cores
 from .restart import (ELASTIC_DIR_VARIABLE, RESTART_COUNT_VARIABLE, Blacklist, DiscoveryError,
                       ElasticOptions, NotEnoughRanks, Placement, discover_hosts,
                       place_on_discovered_hosts, resize_announcement, restart_announcement,
@@ -375,10 +375,12 @@ def _run_with_restarts(options: argparse.Namespace, elastic: ElasticOptions, mpi
     while True:
         if restarting:
             environment[RESTART_COUNT_VARIABLE] = str(restart)
+        first_host = placement.host_of_rank(0)
+        attempt = {**environment, **torch_rendezvous(first_host, {**os.environ, **environment})}
         try:
             argv = build_mpiexec_argv(mpiexec.vendor, mpiexec.path, placement.nprocs,
                                       rank_command(command), hosts=placement.hosts,
-                                      environment=environment, local_cores=usable_cores(),
+                                      environment=attempt, local_cores=usable_cores(),
                                       as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
                                       network_interface=horovodrun.network_interface,
                                       extra_options=horovodrun.mpiexec_args)

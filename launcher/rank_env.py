@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Mapping
 
@@ -12,6 +13,7 @@ from ..rank_identity import RankIdentity
 
 NVIDIA_GPUS_DIRECTORY = "/proc/driver/nvidia/gpus"
 NVIDIA_SMI_TIMEOUT = 10.0
+
 
 def usable_cores() -> int:
     """The cores this process may run on (its affinity mask), at least 1."""
@@ -65,7 +67,10 @@ def rank_defaults(environ: Mapping[str, str], identity: RankIdentity, cores: int
     * ``CUDA_VISIBLE_DEVICES``: when the node has GPUs, one per rank, by local rank
       (round robin when there are more ranks than GPUs);
     * ``PYTHONUNBUFFERED=1``: a rank's output reaches the terminal as it is written,
-      and is not lost in a buffer if the rank is killed.
+      and is not lost in a buffer if the rank is killed;
+    * torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE``, from
+      the MPI's own, so that scripts written for torchrun run unchanged (the job's
+      ``MASTER_ADDR`` and ``MASTER_PORT`` come from :func:`torch_rendezvous`).
 
     Args:
         environ: the rank's environment; a variable present there (even empty) is kept.
@@ -80,4 +85,37 @@ def rank_defaults(environ: Mapping[str, str], identity: RankIdentity, cores: int
                 "PYTHONUNBUFFERED": "1"}
     if gpu_count > 0:
         defaults["CUDA_VISIBLE_DEVICES"] = str(identity.local_rank % gpu_count)
+    if identity.rank is not None and identity.size is not None:
+        defaults.update(RANK=str(identity.rank), LOCAL_RANK=str(identity.local_rank),
+                        WORLD_SIZE=str(identity.size),
+                        LOCAL_WORLD_SIZE=str(identity.local_size))
     return {name: value for name, value in defaults.items() if name not in environ}
+
+
+TORCHRUN_DEFAULT_PORT = 29500
+"""torchrun's default MASTER_PORT: what a job whose rank 0 runs on another host gets."""
+
+
+def torch_rendezvous(first_host: str | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """torchrun's ``MASTER_ADDR`` and ``MASTER_PORT`` for a job, unless set already.
+
+    Args:
+        first_host: the host of rank 0, or None when the job runs on this machine.
+        environ: the job's variables (the launcher's own and ``--env``).
+
+    Returns:
+        Only the variables to add: rank 0's host (``127.0.0.1`` here) and a port free on
+        this machine when rank 0 runs here, else torchrun's default port.
+    """
+    local = first_host is None or first_host in ("localhost", "127.0.0.1",
+                                                 socket.gethostname())
+    found = {"MASTER_ADDR": "127.0.0.1" if local else str(first_host)}
+    if "MASTER_PORT" not in environ:
+        found["MASTER_PORT"] = str(_free_port() if local else TORCHRUN_DEFAULT_PORT)
+    return {name: value for name, value in found.items() if name not in environ}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]

@@ -269,8 +269,28 @@ def test_omp_num_threads_shares_the_cores(cores, local_size, threads):
 
 
 def test_variables_the_user_set_are_kept():
-    environ = {"OMP_NUM_THREADS": "7", "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": ""}
+    environ = {"OMP_NUM_THREADS": "7", "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "",
+               "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
     assert rank_defaults(environ, RankIdentity(1, 2, 1, 2), 16, 4) == {}
+
+
+def test_torchruns_variables_from_the_mpis():
+    defaults = rank_defaults({}, RankIdentity(5, 8, 1, 4), 16, 0)
+    assert {name: defaults[name] for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE",
+                                              "LOCAL_WORLD_SIZE")} == \
+        {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}
+    assert "RANK" not in rank_defaults({}, RankIdentity(None, None), 16, 0)
+
+
+def test_torchruns_rendezvous_address_and_port():
+    here = rank_env.torch_rendezvous(None, {})
+    assert here["MASTER_ADDR"] == "127.0.0.1" and 0 < int(here["MASTER_PORT"]) < 65536
+    elsewhere = rank_env.torch_rendezvous("node7", {})
+    assert elsewhere == {"MASTER_ADDR": "node7",
+                         "MASTER_PORT": str(rank_env.TORCHRUN_DEFAULT_PORT)}
+    assert rank_env.torch_rendezvous("node7", {"MASTER_PORT": "1234"}) == \
+        {"MASTER_ADDR": "node7"}
+    assert rank_env.torch_rendezvous(None, {"MASTER_ADDR": "a", "MASTER_PORT": "1"}) == {}
 
 
 def test_one_gpu_per_rank_by_local_rank():

@@ -129,6 +129,18 @@ def test_environment_and_per_rank_defaults():
     assert sorted(run.stdout.splitlines()) == ["[0] 0 x 3 1", "[1] 1 x 3 1"], run
 
 
+@needs_mpi
+def test_torchruns_variables_reach_every_rank():
+    """A script written for torchrun finds what torchrun would have set."""
+    code = ("import os\n"
+            "print(*(os.environ[n] for n in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', "
+            "'LOCAL_WORLD_SIZE', 'MASTER_ADDR')), int(os.environ['MASTER_PORT']) > 0)\n")
+    run = launch("-np", "2", "python", "-c", code)
+    assert run.returncode == 0, run
+    assert sorted(run.stdout.splitlines()) == ["[0] 0 0 2 2 127.0.0.1 True",
+                                               "[1] 1 1 2 2 127.0.0.1 True"], run
+
+
 # --------------------------------------------------------------------------- failures
 
 @needs_mpi
