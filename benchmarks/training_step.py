@@ -4,14 +4,19 @@
     mpiexec -n 2 python benchmarks/training_step.py --model few-large --rounds 9
     mpiexec -n 2 python benchmarks/training_step.py --fusion-threshold 32M --configs fused,local
 
-One model, one per-rank batch, four ways to train it (``--configs``):
+One model, one per-rank batch, five ways to train it (``--configs``; the first four by
+default):
 
-    fused     ringtrain DistributedOptimizer, fusion buckets (the default threshold, or
-              --fusion-threshold)
-    unfused   ringtrain DistributedOptimizer with fusion_threshold=0: one allreduce per tensor
-    ddp       torch DistributedDataParallel on a gloo process group (its defaults: 25 MiB
-              buckets, the first 1 MiB)
-    local     every rank trains alone, with no communication at all: the compute-only time
+    fused          ringtrain DistributedOptimizer, fusion buckets (the default threshold,
+                   or --fusion-threshold)
+    unfused        ringtrain DistributedOptimizer with fusion_threshold=0: one allreduce
+                   per tensor
+    ddp            torch DistributedDataParallel on a gloo process group (its defaults:
+                   25 MiB buckets, the first 1 MiB)
+    local          every rank trains alone, with no communication at all: the
+                   compute-only time
+    ddp-ringtrain  the same DistributedDataParallel on ringtrain's torch.distributed
+                   backend (``ringtrain.torch``)
 
 Models (``--model``): ``many-small``, 50 blocks of Linear(64, 64) + LayerNorm(64) + ReLU
 (200 tensors, 0.86 MB of gradients), where per-message costs dominate; ``few-large``, 3
@@ -39,8 +44,10 @@ Reduce only: after training, the gradients of the last backward pass are reduced
 and again, with no compute: by each ringtrain optimizer's GradientReducer (every gradient
 marked ready in the order backward produces them, then ``wait()``); with ``ddp``, by
 gloo's allreduce of one flat buffer holding all gradients (pack, allreduce, divide,
-unpack: what one fused bucket costs in gloo); and by ``MPI_Allreduce`` of the same flat
-buffer, the MPI library's own collective, the bar on one node. ``busbw`` = gradient
+unpack: what one fused bucket costs in gloo); with ``ddp-ringtrain``, by
+``torch.distributed.all_reduce`` of that buffer on the ringtrain backend; and by
+``MPI_Allreduce`` of the same flat buffer, the MPI library's own collective, the bar on
+one node. ``busbw`` = gradient
 bytes x 2(n-1)/n / time (GB = 1e9 B), as nccl-tests counts it; ``x fused`` = time over
 ringtrain fused's. Timing as above, one reduction per step.
 
@@ -59,7 +66,6 @@ import math
 import os
 import platform
 import shlex
-import socket
 import statistics
 import sys
 import time
@@ -78,9 +84,13 @@ from torch import nn
 
 import ringtrain as rt
 
-CONFIGS = ("fused", "unfused", "ddp", "local")
+CONFIGS = ("fused", "unfused", "ddp", "local", "ddp-ringtrain")
+DEFAULT_CONFIGS = CONFIGS[:4]
+DDP_CONFIGS = ("ddp", "ddp-ringtrain")
 LABELS = {"fused": "ringtrain fused", "unfused": "ringtrain unfused", "ddp": "DDP gloo",
-          "local": "one process", "gloo-flat": "gloo, one flat buffer",
+          "local": "one process", "ddp-ringtrain": "DDP ringtrain backend",
+          "gloo-flat": "gloo, one flat buffer",
+          "torch-flat": "ringtrain via torch, flat",
           "mpi-flat": "MPI_Allreduce, flat buffer"}
 LEARNING_RATE = 1e-3
 MOMENTUM = 0.9
@@ -163,7 +173,7 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fusion-threshold", default=None,
                         help="bucket limit of the fused configuration, bytes or 64K/8M "
                              "(default: RINGTRAIN_FUSION_THRESHOLD or ringtrain's default)")
-    parser.add_argument("--configs", default=",".join(CONFIGS),
+    parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                         help=f"comma-separated subset of {', '.join(CONFIGS)}")
     parser.add_argument("--no-reduce-only", dest="reduce_only", action="store_false",
                         help="skip the reduce-only measurement")
@@ -214,21 +224,14 @@ def usable_cores() -> int:
 # ----------------------------------------------------------------------------- DDP's group
 
 
-def start_process_group() -> None:
-    """Create torch.distributed's gloo group on the ranks ringtrain knows.
+def start_process_groups() -> Any:
+    """torch.distributed on the ranks ringtrain knows: the default group on ringtrain's
+    backend (no variable needed under mpiexec), and a gloo group of the same ranks, which
+    this returns."""
+    import ringtrain.torch  # noqa: F401 (registers the "ringtrain" backend)
 
-    Rank 0 opens the group's TCP store on a port the system picks (on the loopback
-    address when all ranks share its node) and broadcasts where it is.
-    """
-    host = "127.0.0.1" if rt.local_size() == rt.size() else socket.gethostname()
-    store = None
-    if rt.rank() == 0:
-        store = dist.TCPStore(host, 0, rt.size(), is_master=True, wait_for_workers=False)
-    host, port = rt.broadcast_object((host, store.port) if store else None, 0,
-                                     name="gloo rendezvous")
-    if store is None:
-        store = dist.TCPStore(host, port, rt.size(), is_master=False)
-    dist.init_process_group("gloo", store=store, rank=rt.rank(), world_size=rt.size())
+    dist.init_process_group("ringtrain")
+    return dist.new_group(backend="gloo")
 
 
 # ----------------------------------------------------------------------------- the cases
@@ -253,7 +256,7 @@ class Trainer:
 
 
 def make_trainer(config: str, spec: ModelSpec, data: tuple[torch.Tensor, torch.Tensor],
-                 fusion_threshold: int | None, seed: int) -> Trainer:
+                 fusion_threshold: int | None, seed: int, gloo: Any = None) -> Trainer:
     """A fresh copy of the model (same weights on every rank) trained the ``config`` way."""
     torch.manual_seed(seed)
     model = spec.build()
@@ -265,6 +268,8 @@ def make_trainer(config: str, spec: ModelSpec, data: tuple[torch.Tensor, torch.T
             optimizer, named_parameters=model.named_parameters(),
             fusion_threshold=fusion_threshold if config == "fused" else 0)
     elif config == "ddp":
+        forward = nn.parallel.DistributedDataParallel(model, process_group=gloo)
+    elif config == "ddp-ringtrain":
         forward = nn.parallel.DistributedDataParallel(model)
     inputs, targets = data
 
@@ -295,17 +300,21 @@ def bucket_sizes(trainer: Trainer) -> list[tuple[int, bool]] | None:
         return None
 
 
-def reduce_cases(trainers: list[Trainer], mpi_comm: Any) -> list[Case]:
+def reduce_cases(trainers: list[Trainer], mpi_comm: Any, gloo: Any) -> list[Case]:
     """Rows of the reduce-only measurement, on the gradients the trainers left behind;
-    ``MPI_Allreduce`` runs on ``mpi_comm``."""
+    ``MPI_Allreduce`` runs on ``mpi_comm``, gloo on the group ``gloo``."""
     cases = []
     for trainer in trainers:
         if trainer.config in ("fused", "unfused"):
             cases.append(Case(trainer.config, _ringtrain_reduction(trainer.optimizer),
                               trainer.case.allreduces))
     gradients = [p.grad for p in trainers[0].model.parameters()]
-    if dist.is_initialized():
-        cases.append(Case("gloo-flat", _flat_reduction(gradients, dist.all_reduce), "1"))
+    configs = {trainer.config for trainer in trainers}
+    if "ddp" in configs:
+        cases.append(Case("gloo-flat", _flat_reduction(
+            gradients, lambda flat: dist.all_reduce(flat, group=gloo)), "1"))
+    if "ddp-ringtrain" in configs:
+        cases.append(Case("torch-flat", _flat_reduction(gradients, dist.all_reduce), "1"))
     cases.append(Case("mpi-flat", _flat_reduction(gradients, _mpi_allreduce(mpi_comm)), "1"))
     return cases
 
@@ -449,10 +458,10 @@ def header(arguments: argparse.Namespace, argv: list[str], fusion_threshold: int
                   f"{arguments.steps or 'N'} steps of each, interleaved; median round of "
                   f"the slowest rank; comm ms = step ms - one-process step ms",
     }
-    if "ddp" in arguments.configs:
+    if set(DDP_CONFIGS) & set(arguments.configs):
         description["DDP"] = ("torch DistributedDataParallel's defaults (25 MiB buckets, the "
                               "first 1 MiB, gradient_as_bucket_view off) on a gloo group of "
-                              "the same ranks")
+                              "the same ranks, or on ringtrain's torch.distributed backend")
     return description
 
 
@@ -489,7 +498,7 @@ def check_lines(trainers: list[Trainer], spec: ModelSpec,
         trainer.model.load_state_dict(weights)
         trainer.optimizer.zero_grad()
         F.mse_loss(trainer.forward(inputs), targets).backward()
-        if trainer.config != "ddp":  # DDP's backward returns with the gradients reduced
+        if trainer.config not in DDP_CONFIGS:  # DDP's backward returns them reduced
             trainer.optimizer.synchronize()
         error = np.abs(_flat_gradients(trainer.model) - exact).max()
         errors[trainer.config] = float(error / max(np.abs(exact).max(), 1e-30))
@@ -511,7 +520,7 @@ def bucket_lines(trainers: list[Trainer]) -> list[str]:
     """Bucket sizes of the fused and DDP configurations (unfused: one per tensor)."""
     lines = []
     for trainer in trainers:
-        if trainer.config not in ("fused", "ddp"):
+        if trainer.config not in ("fused", *DDP_CONFIGS):
             continue
         sizes = bucket_sizes(trainer)
         shown = "unknown" if sizes is None else ", ".join(
@@ -540,6 +549,12 @@ def train_lines(rows: list[Row]) -> list[str]:
     if "fused" in by and "ddp" in by:
         lines.append(f"ringtrain fused step / DDP-gloo step: "
                      f"{by['fused'].ms / by['ddp'].ms:.2f} (below 1: ringtrain faster)")
+    if "ddp-ringtrain" in by and "ddp" in by:
+        lines.append(f"DDP on ringtrain step / DDP on gloo step: "
+                     f"{by['ddp-ringtrain'].ms / by['ddp'].ms:.2f} (below 1: ringtrain faster)")
+    if "ddp-ringtrain" in by and "fused" in by:
+        lines.append(f"DDP on ringtrain step / ringtrain fused step: "
+                     f"{by['ddp-ringtrain'].ms / by['fused'].ms:.2f}")
     return lines
 
 
@@ -575,13 +590,13 @@ def write_files(arguments: argparse.Namespace, description: dict[str, str],
 # ----------------------------------------------------------------------------- main
 
 
-def benchmark_model(spec: ModelSpec, arguments: argparse.Namespace, mpi_comm: Any
-                    ) -> tuple[list[Row], bool]:
+def benchmark_model(spec: ModelSpec, arguments: argparse.Namespace, mpi_comm: Any,
+                    gloo: Any = None) -> tuple[list[Row], bool]:
     """Train, time and (on rank 0) print one model's rows; say whether every distributed
     configuration reduced the gradients right."""
     data = make_data(spec, arguments.batch, arguments.seed)
-    trainers = [make_trainer(config, spec, data, arguments.fusion_threshold, arguments.seed)
-                for config in arguments.configs]
+    trainers = [make_trainer(config, spec, data, arguments.fusion_threshold, arguments.seed,
+                             gloo) for config in arguments.configs]
     seconds, steps = measure([t.case for t in trainers], arguments)
     for trainer in trainers:
         sizes = bucket_sizes(trainer) if trainer.config != "local" else []
@@ -597,7 +612,7 @@ def benchmark_model(spec: ModelSpec, arguments: argparse.Namespace, mpi_comm: An
     lines = [model_line(spec, trainers[0].model, arguments.batch), *bucket_lines(trainers),
              f"{steps} steps per configuration per round", *train_lines(rows)]
     if arguments.reduce_only:
-        cases = reduce_cases(trainers, mpi_comm)
+        cases = reduce_cases(trainers, mpi_comm, gloo)
         seconds, steps = measure(cases, arguments)
         reduced = [make_row(spec.name, "reduce", case, seconds[case.name], steps)
                    for case in cases]
@@ -628,14 +643,13 @@ def main(argv: list[str]) -> int:
     if rt.rank() == 0:
         print("\n".join(f"# {key}: {value}" for key, value in description.items()),
               flush=True)
-    if "ddp" in arguments.configs:
-        start_process_group()
+    gloo = start_process_groups() if set(DDP_CONFIGS) & set(arguments.configs) else None
     # MPI_Allreduce's own communicator: its messages never meet ringtrain's.
     mpi_comm = MPI.COMM_WORLD.Dup()
     rows: list[Row] = []
     all_right = True
     for name in arguments.model:
-        model_rows, right = benchmark_model(MODELS[name], arguments, mpi_comm)
+        model_rows, right = benchmark_model(MODELS[name], arguments, mpi_comm, gloo)
         rows += model_rows
         all_right = all_right and right
     if dist.is_initialized():

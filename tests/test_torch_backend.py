@@ -27,7 +27,8 @@ def without_torch_variables() -> dict[str, str]:
 def test_torch_distributed_calls(nprocs, monkeypatch):
     for variable in TORCH_VARIABLES:
         monkeypatch.delenv(variable, raising=False)
-    run_checks("torch_backend", nprocs, 17 if nprocs < 4 else 18, timeout=300)
+    run_checks("torch_backend", nprocs, 19, timeout=300,
+               env={"RINGTRAIN_STALL_CHECK_SECONDS": "1"})
 
 
 def test_the_programs_people_run_end_as_on_gloo(monkeypatch):

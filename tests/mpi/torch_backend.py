@@ -11,8 +11,11 @@ Run: mpiexec -n K python tests/mpi/torch_backend.py [--only SUBSTRING]
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
+import tempfile
+import time
 
 import numpy as np
 import torch
@@ -21,6 +24,7 @@ from mpi4py import MPI
 
 import ringtrain as rt
 import ringtrain.torch
+from ringtrain.timeline_format import rank_path
 from _harness import check, expect_raises, main, rng
 
 RED = dist.ReduceOp
@@ -429,6 +433,48 @@ def device_mesh_of_two_dimensions():
     sharded = distribute_tensor(full, mesh, [Shard(0), Shard(1)])
     assert_same(sharded.redistribute(mesh, [Replicate(), Replicate()]).to_local(), full,
                 "a DTensor redistributed")
+
+
+@check
+def the_timeline_and_the_stall_inspector_see_torchs_calls():
+    """RINGTRAIN_STALL_CHECK_SECONDS=1: the last rank comes 2.5 s late to an all_reduce;
+    the others' stall inspector names it. The timeline records torch's calls as the
+    collectives they run."""
+    path = os.path.join(tempfile.gettempdir(), f"ringtrain-torch-timeline-{os.getpid()}.json")
+    written = rank_path(path, rt.rank(), rt.size())
+    rt.start_timeline(path)
+    try:
+        dist.all_reduce(torch.ones(4))
+        dist.all_gather_into_tensor(torch.empty(world()), torch.ones(1))
+    finally:
+        rt.stop_timeline()
+    with open(written) as file:
+        text = file.read()
+    os.remove(written)
+    assert '"allreduce' in text and '"allgather' in text, text[:1000]
+    if world() == 1:
+        return
+    records = _Records()
+    logger = logging.getLogger("ringtrain")
+    logger.addHandler(records)
+    try:
+        if rank() == world() - 1:
+            time.sleep(2.5)
+        dist.all_reduce(torch.ones(2))
+    finally:
+        logger.removeHandler(records)
+    if rank() == 0:
+        assert any("allreduce" in line and f"rank {world() - 1}" in line and "waited" in line
+                   for line in records.lines), records.lines
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
 
 
 @check
