@@ -25,22 +25,16 @@ VIEWED_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.f
 """The torch dtypes the collectives take (the others are refused on every rank)."""
 
 _RED = dist.ReduceOp.RedOpType
-_OPS = {_RED.SUM: Sum, _RED.AVG: Average, _RED.PRODUCT: Product, _RED.MIN: Min,
-        _RED.MAX: Max, _RED.PREMUL_SUM: Sum}
-BITWISE = {_RED.BAND: np.bitwise_and, _RED.BOR: np.bitwise_or, _RED.BXOR: np.bitwise_xor}
-"""torch's bitwise reductions, done on the gathered values (integer and bool dtypes)."""
-
-# A bool sum is an "or" and a product an "and", as torch's other backends define them.
-_BOOL_OPS = {Sum: Max, Average: None, Product: Min, Min: Min, Max: Max}
 
 
 class Reduction(NamedTuple):
     """How ringtrain carries out a torch reduce op on one dtype.
 
     Attributes:
-        op: ringtrain's op (None for a bitwise op, or an op the dtype refuses).
+        op: ringtrain's op (None for a bitwise op).
         prescale_factor: PREMUL_SUM's factor, 1.0 otherwise.
-        bitwise: the numpy reduction of a bitwise op, else None.
+        bitwise: the numpy reduction of a bitwise op (done on the gathered values of
+            integer and bool tensors), else None.
     """
 
     op: ReduceOp | None
@@ -48,19 +42,27 @@ class Reduction(NamedTuple):
     bitwise: Any = None
 
 
+_BITWISE = {_RED.BAND: np.bitwise_and, _RED.BOR: np.bitwise_or, _RED.BXOR: np.bitwise_xor}
+_PLAIN = {_RED.SUM: Sum, _RED.AVG: Average, _RED.PRODUCT: Product, _RED.MIN: Min,
+          _RED.MAX: Max}
+# A bool sum is an "or" and a product an "and", as torch's other backends define them.
+_OF_BOOLS = {_RED.SUM: Max, _RED.AVG: Average, _RED.PRODUCT: Min, _RED.MIN: Min,
+             _RED.MAX: Max}
+_REDUCTIONS = {kind.value: Reduction(op) for kind, op in _PLAIN.items()} | \
+    {kind.value: Reduction(None, bitwise=how) for kind, how in _BITWISE.items()}
+_BOOL_REDUCTIONS = _REDUCTIONS | {kind.value: Reduction(op) for kind, op in _OF_BOOLS.items()}
+_PREMUL_SUM = _RED.PREMUL_SUM.value
+
+
 def reduction(op: Any, dtype: torch.dtype) -> Reduction:
-    """The ringtrain reduction of torch ``op`` (a ``ReduceOp`` or its ``RedOpType``)."""
-    kind = getattr(op, "op", op)
-    if kind in BITWISE:
-        return Reduction(None, bitwise=BITWISE[kind])
-    mapped = _OPS[kind]
-    if dtype is torch.bool:
-        return Reduction(_BOOL_OPS[mapped])
-    if kind == _RED.PREMUL_SUM:
+    """The ringtrain reduction of torch ``op`` (a ``ReduceOp``, as torch's options hold
+    it) on tensors of ``dtype``."""
+    kind = op.op.value
+    if kind == _PREMUL_SUM:
         factor = op.factor
         return Reduction(Sum, float(factor.item() if isinstance(factor, torch.Tensor)
                                     else factor))
-    return Reduction(mapped)
+    return (_BOOL_REDUCTIONS if dtype is torch.bool else _REDUCTIONS)[kind]
 
 
 def operand(tensor: torch.Tensor, reduced: bool = False) -> Any:

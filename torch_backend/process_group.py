@@ -121,6 +121,8 @@ class ProcessGroupRingtrain(dist.ProcessGroup):
     # ------------------------------------------------------------------ reductions
 
     def allreduce(self, tensors: Tensors, opts: Any = None) -> dist.Work:
+        if opts is not None and not opts.asyncOp:  # the common blocking call, in fewest steps
+            return CompletedWork(self._allreduce(tensors, opts.reduceOp))
         opts = _options(opts, c10d.AllreduceOptions)
         return self._run(opts, "allreduce", self._allreduce, tensors, opts.reduceOp)
 
@@ -129,9 +131,11 @@ class ProcessGroupRingtrain(dist.ProcessGroup):
         return self._run(opts, "grouped_allreduce", self._allreduce, tensors, opts.reduceOp)
 
     def _allreduce(self, tensors: Tensors, op: Any) -> Tensors:
+        if len(tensors) == 1:
+            self._reduce_in_place(tensors[0], reduction(op, tensors[0].dtype))
+            return tensors
         how = reduction(op, tensors[0].dtype)
-        plain = [t for t in tensors if t.is_contiguous()]
-        if how.bitwise is not None or len(plain) != len(tensors) or len(tensors) == 1:
+        if how.bitwise is not None or not all(t.is_contiguous() for t in tensors):
             for tensor in tensors:
                 self._reduce_in_place(tensor, reduction(op, tensor.dtype))
             return tensors
@@ -144,11 +148,14 @@ class ProcessGroupRingtrain(dist.ProcessGroup):
         if how.bitwise is not None:
             copy_into(tensor, self._bitwise(flat(tensor), how))
             return
-        target = tensor if tensor.is_contiguous() else tensor.contiguous()
+        if tensor.is_contiguous():
+            allreduce_(operand(tensor, reduced=True), op=how.op,
+                       prescale_factor=how.prescale_factor, process_set=self._process_set)
+            return
+        target = tensor.contiguous()
         allreduce_(operand(target, reduced=True), op=how.op,
                    prescale_factor=how.prescale_factor, process_set=self._process_set)
-        if target is not tensor:
-            tensor.copy_(target)
+        tensor.copy_(target)
 
     def _bitwise(self, data: torch.Tensor, how: Reduction) -> Any:
         """``data`` (1-D) reduced bitwise over the ranks: gathered, then reduced here."""
