@@ -153,6 +153,11 @@ class Executor:
             self._note_caller(caller)
         return self._submit(run, args, collective, name, match_key)
 
+    def holds_turn(self) -> bool:
+        """Whether the calling thread is inside the call in progress (e.g. in a callback
+        that a completing call runs): a blocking call made there runs at once."""
+        return get_ident() == self._holder
+
     def waiting_names(self) -> list[MatchKey]:
         """The match keys of the named calls waiting for their turn, in queue order."""
         with self._mutex:

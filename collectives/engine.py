@@ -11,7 +11,9 @@ The contract:
   :func:`execute` or :func:`submit`.
 - :func:`execute` runs a body in program order on the caller's thread (or returns a
   :class:`Handle` with ``asynchronous=True``); :func:`submit` queues it on the
-  collectives thread and returns its :class:`Handle`.
+  collectives thread and returns its :class:`Handle`; :func:`inside_a_call` says whether
+  the caller is inside a call in progress (a callback a completing call runs), where a
+  call must run at once instead of being queued behind the one it is in.
 - :func:`phase` records a phase of the call in progress on the timeline.
 - :func:`device_tensor` describes a tensor in GPU memory (None for host tensors), and
   :func:`on_device` is the context a call on it runs in (its GPU current, its producer
@@ -39,12 +41,13 @@ from ._ops import COPY_DTYPES
 from ._plans import AllreducePlan, allreduce_plan
 from ._process_sets import ProcessSet, resolve_group
 from ._tracing import phase
+from ._world import world
 
 __all__ = [
     "AllreducePlan", "COPY_DTYPES", "DeviceTensor", "Handle", "allreduce_plan",
-    "device_tensor", "end_of_sequence", "execute", "is_torch_tensor", "on_device", "phase",
-    "reduce_fused", "reduce_planned", "resolve_group", "submit", "torch_from_host",
-    "torch_view",
+    "device_tensor", "end_of_sequence", "execute", "inside_a_call", "is_torch_tensor",
+    "on_device", "phase", "reduce_fused", "reduce_planned", "resolve_group", "submit",
+    "torch_from_host", "torch_view",
 ]
 
 
@@ -56,6 +59,12 @@ def submit(collective: str, name: str | None, body: Callable[[], Any],
     matched with the others' by its name (see :func:`execute`).
     """
     return execute(collective, name, body, asynchronous=True, process_set=process_set)
+
+
+def inside_a_call() -> bool:
+    """Whether the calling thread is inside a collective call in progress (e.g. a done
+    callback of a handle, which the collectives thread runs as the call completes)."""
+    return world().executor.holds_turn()
 
 
 def on_device(tensor: DeviceTensor) -> ContextManager[Any]:

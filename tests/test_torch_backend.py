@@ -38,7 +38,7 @@ def test_the_programs_people_run_end_as_on_gloo(monkeypatch):
         pytest.importorskip(module)
     for variable in TORCH_VARIABLES:
         monkeypatch.delenv(variable, raising=False)
-    run_checks("torch_programs", 2, 8, timeout=420)
+    run_checks("torch_programs", 2, 9, timeout=420)
 
 
 def test_a_two_dimensional_device_mesh_ends_as_on_gloo(monkeypatch):

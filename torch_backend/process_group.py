@@ -40,7 +40,7 @@ from ..collectives import (ANY_SOURCE, ProcessSet, UnsupportedDtypeError, add_pr
                            allgather, allreduce_, alltoall, barrier, broadcast_,
                            global_process_set, grouped_allreduce_, init, irecv, isend, rank,
                            reducescatter, remove_process_set, size)
-from ..collectives.engine import submit
+from ..collectives.engine import inside_a_call, submit
 from ._tensors import (Reduction, concatenated, copy_into, flat, operand, reduction,
                        scatter_into)
 from ._work import CompletedWork, WorkInFlight
@@ -109,8 +109,10 @@ class ProcessGroupRingtrain(dist.ProcessGroup):
     def _run(self, opts: Any, collective: str, body: Callable[..., Tensors],
              *args: Any) -> dist.Work:
         """``body(*args)`` now on this thread, or queued on the collectives thread when
-        the caller asked for asynchronous work."""
-        if opts is not None and not opts.asyncOp:
+        the caller asked for asynchronous work. A call made inside another, by a callback
+        of a future that the collectives thread completes (PowerSGD's hook chains its
+        calls so), runs at once: queued, it would wait behind the call it is made in."""
+        if opts is not None and not opts.asyncOp or inside_a_call():
             return CompletedWork(body(*args))
         handle = submit(collective, None, lambda: body(*args), self._process_set)
         return WorkInFlight(handle, _same)
