@@ -116,3 +116,10 @@ def test_object_state_and_reset_callbacks():
     state.on_reset()
     assert calls == ["a", "b"]
     assert hvd.elastic.HostsUpdatedInterrupt(skip_sync=True).skip_sync is True
+
+
+def test_one_horovod_internal_error():
+    """Horovod has one HorovodInternalError; scripts catch it under either name."""
+    assert hvd.HorovodInternalError is hvd.elastic.HorovodInternalError
+    with pytest.raises(hvd.HorovodInternalError):
+        raise hvd.elastic.HorovodInternalError("rank 1 is gone")

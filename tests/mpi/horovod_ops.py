@@ -557,6 +557,7 @@ def basics():
     assert not (hvd.ddl_built() or hvd.ccl_built() or hvd.rocm_built() or hvd.cuda_built())
     assert isinstance(hvd.mpi_threads_supported(), bool)
     assert issubclass(hvd.HorovodInternalError, RuntimeError)
+    assert hvd.HorovodInternalError is hvd.elastic.HorovodInternalError
     assert len({id(op) for op in (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max,
                                   hvd.Product)}) == 6
     assert hvd.global_process_set.size() == hvd.size()

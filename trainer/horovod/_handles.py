@@ -17,8 +17,11 @@ from ...collectives import timeline
 
 
 class HorovodInternalError(RuntimeError):
-    """A collective failed while moving data: ringtrain's ``CommunicationError`` (MPI
-    reported an error), raised under Horovod's name.
+    """A collective failed while moving data (Horovod's name): ringtrain's
+    ``CommunicationError``, MPI having reported an error, typically because a rank died.
+    The one class of that name: ``hvd.HorovodInternalError`` and
+    ``hvd.elastic.HorovodInternalError`` are it. Under ringtrain-run an elastic job is
+    restarted from its last commit instead: nothing needs to catch it.
 
     Wrong arguments raise ringtrain's own errors (``MismatchError`` is a RuntimeError,
     ``InvalidArgumentError`` a ValueError).

@@ -48,15 +48,11 @@ import torch
 
 from ... import collectives
 from .. import elastic as _elastic
+from ._handles import HorovodInternalError
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
 
 Result = TypeVar("Result")
-
-
-class HorovodInternalError(RuntimeError):
-    """A collective failed because a rank did (Horovod's name). Under ringtrain-run the
-    job is restarted from the last commit instead: nothing needs to catch it."""
 
 
 class HostsUpdatedInterrupt(_elastic.HostsChanged):
