@@ -45,6 +45,7 @@ prescale of the reduction: no extra message), so the average is the global mean.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import statistics
@@ -63,6 +64,10 @@ from .balance_shares import balanced_shares, predicted_step_seconds, proportiona
 __all__ = ["BalanceError", "LoadBalancer", "scale_loss"]
 
 _ROW = "load balancer"
+_NOISE_MEMORY = 6
+"""The agreements whose changes of the relative speeds make the noise (the largest)."""
+_NOISE_KNOWN = 3
+"""The changes seen before the noise counts as known (one or two are too often small)."""
 
 # Each rank's record in the agreement, in this order.
 _SECONDS, _FAILED, _CAP, _ITERATION, _NEXT_BATCH, _FIRST_BATCH, _BATCHES_PER_STEP = range(7)
@@ -88,16 +93,16 @@ class LoadBalancer:
         hysteresis: the fraction by which the predicted step time must fall for the
             shares to change.
         noise_margin: the predicted fall must also exceed this many times twice the
-            measurements' noise: how much the ranks' speeds relative to each other change
+            measurements' noise: how much the ranks' speeds relative to each other changed
             from one agreement to the next (the largest relative change of a rank's
-            seconds per sample over the median rank's, smoothed; a change common to all
-            ranks, such as a busier machine, is not noise here). With a margin the shares
-            first move at the second agreement with measurements (the noise is not known
-            before); 0 ignores the noise.
+            seconds per sample over the median rank's, over the last 6 agreements; a
+            change common to all ranks, such as a busier machine, is not noise here).
+            With a margin the shares first move at the fourth agreement with
+            measurements (the noise is not known before); 0 ignores the noise.
         correction: the fraction of the way to the proportional shares that a change
             moves (1: all the way at once).
         smoothing: the weight of the newest measurement in the smoothed seconds per
-            sample and in the smoothed noise (1: the newest alone).
+            sample (1: the newest alone).
         max_share: the most samples this rank may take per batch (its memory's limit);
             may differ between ranks. None: no cap. It may be changed later
             (:attr:`max_share`).
@@ -119,8 +124,7 @@ class LoadBalancer:
         InvalidArgumentError: an argument out of range.
         BalanceError: caps that cannot hold the global batch (on every rank).
         MismatchError: ranks that disagree on the global batch size, the least share,
-            the hysteresis, the noise margin, the correction or the smoothing (on every
-            rank).
+            the hysteresis, the noise margin or the correction (on every rank).
     """
 
     def __init__(self, global_batch_size: int, *, interval: int = 20,
@@ -162,12 +166,11 @@ class LoadBalancer:
         self.batches_per_step = 1
         self._name = (f"load balance: global batch {global_batch_size}, least share "
                       f"{min_share}, hysteresis {self.hysteresis:g}, noise margin "
-                      f"{self.noise_margin:g}, correction {self.correction:g}, smoothing "
-                      f"{self.smoothing:g}")
+                      f"{self.noise_margin:g}, correction {self.correction:g}")
         self._window: list[float] = []
         self._smoothed: float | None = None
         self._relative: tuple[float, ...] | None = None
-        self._noise: float | None = None
+        self._changes: collections.deque[float] = collections.deque(maxlen=_NOISE_MEMORY)
         self._failed = False
         self._steps = 0
         self.measured: tuple[float, ...] = (0.0,) * self.size
@@ -275,8 +278,8 @@ class LoadBalancer:
             self._follow_noise()
             least_gain = self.hysteresis
             if self.noise_margin:
-                least_gain = math.inf if self._noise is None else \
-                    max(least_gain, 2 * self.noise_margin * self._noise)
+                least_gain = math.inf if len(self._changes) < _NOISE_KNOWN else \
+                    max(least_gain, 2 * self.noise_margin * max(self._changes))
             new = balanced_shares(self.measured, current, self.global_batch_size,
                                   min_share=self.min_share, caps=self._caps,
                                   hysteresis=least_gain, correction=self.correction)
@@ -342,8 +345,8 @@ class LoadBalancer:
             self.smoothing * newest + (1.0 - self.smoothing) * self._smoothed
 
     def _follow_noise(self) -> None:
-        """Smooth into the noise how far the ranks' speeds relative to each other moved
-        since the last agreement (from the agreed numbers: the same on every rank)."""
+        """Note how far the ranks' speeds relative to each other moved since the last
+        agreement (from the agreed numbers: the same on every rank)."""
         relative = _relative_to_median(self.measured)
         if relative is None:
             return
@@ -354,9 +357,7 @@ class LoadBalancer:
                    if now > 0 and then > 0]
         if not changes:
             return
-        change = max(changes)
-        self._noise = change if self._noise is None else \
-            self.smoothing * change + (1.0 - self.smoothing) * self._noise
+        self._changes.append(max(changes))
 
     def _report(self, before: tuple[int, ...], after: tuple[int, ...]) -> None:
         line = timeline.ACTIVE
