@@ -41,11 +41,10 @@ from ..collectives import (ANY_SOURCE, ProcessSet, UnsupportedDtypeError, add_pr
                            global_process_set, grouped_allreduce_, init, irecv, isend, rank,
                            reducescatter, remove_process_set, size)
 from ..collectives.engine import inside_a_call, submit
+from . import BACKEND_NAME
 from ._tensors import (Reduction, concatenated, copy_into, flat, operand, reduction,
                        scatter_into)
 from ._work import CompletedWork, WorkInFlight
-
-BACKEND_NAME = "ringtrain"
 
 Tensors = list[torch.Tensor]
 
@@ -150,14 +149,11 @@ class ProcessGroupRingtrain(dist.ProcessGroup):
         if how.bitwise is not None:
             copy_into(tensor, self._bitwise(flat(tensor), how))
             return
-        if tensor.is_contiguous():
-            allreduce_(operand(tensor, reduced=True), op=how.op,
-                       prescale_factor=how.prescale_factor, process_set=self._process_set)
-            return
-        target = tensor.contiguous()
+        target = tensor if tensor.is_contiguous() else tensor.contiguous()
         allreduce_(operand(target, reduced=True), op=how.op,
                    prescale_factor=how.prescale_factor, process_set=self._process_set)
-        tensor.copy_(target)
+        if target is not tensor:
+            tensor.copy_(target)
 
     def _bitwise(self, data: torch.Tensor, how: Reduction) -> Any:
         """``data`` (1-D) reduced bitwise over the ranks: gathered, then reduced here."""
