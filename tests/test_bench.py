@@ -226,6 +226,13 @@ def test_cpu_rows_keep_their_columns_and_fields():
         "ip_time_us", "ip_algbw", "ip_busbw", "ip_wrong", "ip_ratio"]
 
 
+def test_the_run_records_its_machine_and_command():
+    machine = report.machine_description()
+    assert "CPUs" in machine and "Python" in machine
+    assert report.command_line(["allreduce", "--algo", "auto,native", "--json", "a b.json"]) \
+        == "ringtrain-bench allreduce --algo auto,native --json 'a b.json'"
+
+
 # --------------------------------------------------------------------------- real runs
 
 @pytest.mark.parametrize("nprocs", [2, 3])
@@ -252,6 +259,8 @@ def test_real_run_checks_results_and_prints_parseable_columns(collective, nprocs
     assert output.count("# Avg bus bandwidth") == len(algorithms.split(","))
     recorded = json.loads(json_path.read_text())
     assert len(recorded["rows"]) == len(rows) and "MPI" in recorded["run"]
+    assert "CPUs" in recorded["run"]["machine"]
+    assert recorded["run"]["command"].startswith(f"ringtrain-bench {collective} -b 8 ")
     assert len(csv_path.read_text().splitlines()) == len(rows) + 1
 
 

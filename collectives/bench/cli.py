@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if device is None:
             rt.shutdown()
             return 2
-    description = describe(options, ranks, device)
+    description = describe(options, ranks, device, report.command_line(argv))
     with_ratio = NATIVE in options.algorithms and len(options.algorithms) > 1
     if rank == 0:
         print("\n".join(report.header_lines(description, with_ratio, device is not None)),
@@ -157,10 +157,11 @@ def _redop(options: Options) -> str:
     return options.op if options.collective in ("allreduce", "reducescatter") else "none"
 
 
-def describe(options: Options, ranks: int,
-             device: DeviceArrays | None = None) -> dict[str, str]:
-    """What the header says about the run: versions, ranks, nodes, buffers, method
-    (and, with GPU buffers, what made them and whether MPI takes device pointers)."""
+def describe(options: Options, ranks: int, device: DeviceArrays | None = None,
+             command: str | None = None) -> dict[str, str]:
+    """What the header says about the run: versions, the command, the machine, ranks,
+    nodes, buffers, method (and, with GPU buffers, what made them and whether MPI takes
+    device pointers)."""
     library = MPI.Get_library_version().strip().splitlines()[0].strip()
     calls = options.iterations or (f"{AUTO_ITERATIONS[0]}-{AUTO_ITERATIONS[1]} (enough for "
                                    f"{AUTO_ROUND_BYTES >> 20} MiB)")
@@ -176,8 +177,10 @@ def describe(options: Options, ranks: int,
               f"{calls} calls per algorithm, interleaved; median round; "
               f"time averaged over ranks; GB = 1e9 B; '{NATIVE}' is the MPI library's "
               f"own collective called directly")
-    description = {"ringtrain-bench": f"{options.collective}, ringtrain {_version()}",
-                   "MPI": library}
+    description = {"ringtrain-bench": f"{options.collective}, ringtrain {_version()}"}
+    if command:
+        description["command"] = command
+    description.update({"MPI": library, "machine": report.machine_description()})
     if device is not None:
         description["CUDA-aware MPI"] = _cuda_awareness()
         method += (f" on host buffers; '{report.HOST_RATIO}' is busbw on GPU buffers over "

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import platform
+import shlex
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
 from .options import NATIVE
@@ -62,6 +66,38 @@ def result(nbytes: int, seconds: float, factor: float, wrong: int | None,
     busbw = algbw * factor
     ratio = busbw / baseline_busbw if baseline_busbw else None
     return Result(seconds * 1e6, algbw, busbw, wrong, ratio)
+
+
+def machine_description() -> str:
+    """What the header and the JSON file say of the machine: the processor (Linux's
+    ``/proc/cpuinfo`` model name where there is one), its logical CPUs, its memory, the
+    operating system and Python, e.g. ``AMD EPYC, 2 CPUs, 23 GiB memory, Linux 6.1.0,
+    Python 3.11.9``."""
+    processor = ""
+    try:
+        with open("/proc/cpuinfo") as stream:
+            for line in stream:
+                if line.startswith("model name"):
+                    processor = " ".join(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    parts = [processor or platform.processor() or platform.machine() or "unknown processor",
+             f"{os.cpu_count() or '?'} CPUs"]
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        parts.append(f"{memory / (1 << 30):.0f} GiB memory")
+    except (AttributeError, OSError, ValueError):
+        pass
+    parts += [f"{platform.system()} {platform.release()}".strip(),
+              f"Python {platform.python_version()}"]
+    return ", ".join(part for part in parts if part)
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """The command as the JSON file records it: ``ringtrain-bench`` and its arguments
+    (the launcher and the number of ranks are recorded apart)."""
+    return shlex.join(["ringtrain-bench", *argv])
 
 
 def header_lines(description: dict[str, str], with_ratio: bool,
