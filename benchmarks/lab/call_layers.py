@@ -1,7 +1,7 @@
 """Where a call's time goes: a small broadcast and allgather and mid-size alltoalls, layer
 by layer, against MPI's own.
 
-    mpiexec -n 2 python benchmarks/call_layers.py
+    mpiexec -n 2 python benchmarks/lab/call_layers.py
 
 A small broadcast on one node is one compiled call (the agreement's check and the move
 through the node's mailboxes) under a few layers of Python. Each row times the call

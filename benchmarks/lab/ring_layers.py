@@ -1,8 +1,8 @@
 """What a ring allreduce costs at each layer, against the MPI library's own allreduce.
 
-    mpiexec -n 2 python benchmarks/ring_layers.py
-    mpiexec -n 2 python benchmarks/ring_layers.py --in-place
-    mpiexec -n 4 python benchmarks/ring_layers.py --sizes 1M,4M
+    mpiexec -n 2 python benchmarks/lab/ring_layers.py
+    mpiexec -n 2 python benchmarks/lab/ring_layers.py --in-place
+    mpiexec -n 4 python benchmarks/lab/ring_layers.py --sizes 1M,4M
 
 For each size (float32, ``op=Sum``, out of place): MPI's own ``Allreduce`` through
 mpi4py into a buffer it reuses; the ring's data phase alone, written in Python
@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
@@ -32,7 +34,9 @@ import ringtrain as rt
 from ringtrain.collectives import _compiled_ring, _ring
 from ringtrain.collectives._world import world
 from ringtrain.variables import parse_size
-from small_calls import mean_time  # this folder's: the scripts run from it
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/small_calls.py
+from small_calls import mean_time  # noqa: E402
 
 
 def parse_arguments() -> argparse.Namespace:
