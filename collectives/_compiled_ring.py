@@ -5,7 +5,7 @@ The schedule, segments, tags and the rule that each element is reduced on one ra
 are :mod:`._ring`'s, so the result is the same and bit-identical on every rank; only
 the Python between the steps is gone. That Python costs more than its microseconds in a
 warm loop suggest: each segment's transfer sweeps the caches, and every interpreter step
-after it misses (docs/benchmarks.md, "The ring in compiled code", measures it).
+after it misses (docs/lab/2026-11-26-the-ring-in-compiled-code.md measures it).
 
 Host arrays of the dtypes the compiled exchange combines (:func:`payload_code`),
 uncompressed; the Python ring serves the rest, and any call a timeline records.

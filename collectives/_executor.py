@@ -3,9 +3,9 @@
 All ranks must issue collectives in the same order. Asynchronous calls are queued and
 run by a single worker thread; a blocking call waits for the queued ones before it,
 then runs on the caller's thread. Whichever thread a call comes from, one call at a
-time holds the turn (one lock, taken without waiting when it is free: about 0.2 µs a
-call), so two calls' messages never interleave and MPI is entered by one thread at a
-time.
+time holds the turn (one lock, taken without waiting when it is free: a small part of
+the Python around a call), so two calls' messages never interleave and MPI is entered by
+one thread at a time.
 
 Calls made by several threads reach the ranks in different orders; the agreement
 matches named ones by name (see :mod:`._name_matching`), using what this module

@@ -24,8 +24,8 @@ SPIN_SECONDS = 200e-6
 """How long a wait polls without giving up its core (a near peer answers within it)."""
 SHARED_SPIN_SECONDS = 20e-6
 """The same where the node runs more ranks than cores: the peer may be waiting for this
-core (measured with 4 ranks on 2 cores: a ping-pong's message took about the spin,
-0.25 ms with 200 µs, 15 µs with 20 µs)."""
+core, and a message then takes about as long as the spin, so the spin is short
+(docs/lab/2026-11-26-point-to-point-data-in-the-header-and-spinning.md)."""
 YIELD_SECONDS = 2e-3
 """How long it then offers its core to other processes at each poll (``sleep(0)``)
 before sleeping between polls."""

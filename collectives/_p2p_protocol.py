@@ -53,10 +53,10 @@ from .errors import MessageMismatchError
 
 INLINE_MAX_BYTES = 4 * 1024
 """Largest data that travels in the header's message (the sender decides: the header
-says which way the data comes). Above it the data moves faster on its own, straight
+says which way the data comes). Up to it, data in the header's message costs the same as
+sending it apart, and less below; above it the data moves faster on its own, straight
 from the sender's array into the receiver's, than copied into and out of one message
-(with MPICH on one node and kept plans the two cost the same at 4 KiB; at 8 KiB the
-message that carries the data took 8.5-8.9 µs one way, the data on its own 7.0-7.2)."""
+(docs/lab/2026-11-26-point-to-point-data-in-the-header-and-spinning.md)."""
 
 _BYTE = np.dtype(np.uint8)  # a dtype object: numpy converts np.uint8 at every use
 _ACCEPTED = b"\x00"

@@ -1,10 +1,10 @@
 """Large host results in memory that is already mapped.
 
 glibc serves an allocation above its mmap threshold (which never exceeds 32 MiB) with
-fresh pages, and the first write to each 4 KiB page then faults: for an out-of-place
-broadcast of 32 MiB at 2 ranks the faults cost about as much as the transfer (0.64 of
-MPI's own time on a buffer it reuses; 0.91 with the result's memory reused). So a result
-of at least :data:`MIN_BYTES` is an array over a block ringtrain keeps. Every array that
+fresh pages, and the first write to each 4 KiB page then faults: for a large
+out-of-place result the faults cost about as much as the transfer
+(docs/lab/2026-11-25-result-pool.md). So a result of at least :data:`MIN_BYTES` is an
+array over a block ringtrain keeps. Every array that
 uses a block's memory (the result, numpy's views of it, torch's ``from_numpy``, a
 ``memoryview``) holds a reference to the block's own array, so a block is free when
 nothing but the pool refers to it: the next result it can hold then reuses its pages.
@@ -29,10 +29,9 @@ MIN_BYTES = 256 << 10
 """Smaller results come from numpy. From about this size glibc may map a new result
 afresh, and every page then faults on its first write: its mmap threshold starts at
 128 KiB, and heap memory freed at the top beyond twice the threshold goes back to the
-system (as when the MPI library frees a buffer of its own beside the result). Measured
-on a 2-core EPYC: MPI's own allreduce of 512 KiB at 2 ranks took 333-345 µs into new
-numpy arrays, 134-136 into pooled results, 117 into one reused buffer; 16 MiB, three
-earlier results still held, 1693 µs pooled against 4514 (1219 into a reused buffer)."""
+system (as when the MPI library frees a buffer of its own beside the result). A pooled
+result then costs little more than a buffer reused at every call, a new numpy array
+far more (docs/lab/2026-11-25-result-pool.md)."""
 _BLOCK_GRAIN = 64 << 10
 """Blocks are whole multiples of 64 KiB, so results of nearby sizes share them."""
 _LAST_KEPT = 64

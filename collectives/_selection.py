@@ -182,7 +182,8 @@ def _table_choice(collective: str, nbytes: int, size: int, settings: Settings,
         # The built-in table's ring was measured on one node; between nodes MPI's own
         # allreduce was as fast (one rank a node) or faster (several: fewer steps on the
         # links). Its reduce-scatter was not: as fast with one rank a node, slower with
-        # several (recursive halving sends more across the links than the ring).
+        # several (recursive halving sends more across the links than the ring;
+        # docs/lab/2026-11-26-the-ring-in-compiled-code.md).
         return "native"
     through_mailboxes = (chosen == "recursive_doubling" and collective != "allreduce" and
                          nbytes > SMALL_MESSAGE_BYTES) or chosen == "pairwise"
@@ -192,7 +193,8 @@ def _table_choice(collective: str, nbytes: int, size: int, settings: Settings,
         # they were measured, through the mailboxes of one node, each message carrying
         # only what its sender holds; through MPI every message carries all of it. The
         # built-in table's pairwise allgather and alltoall were measured through the
-        # mailboxes too.
+        # mailboxes too (docs/lab/2026-11-28-riding-in-the-agreement.md,
+        # docs/lab/2026-11-28-allgather-and-alltoall-through-the-mailboxes.md).
         return "native"
     return chosen
 

@@ -55,17 +55,18 @@ path, whose cost is the agreement check)."""
 CARRIED_BROADCAST_MAX_BYTES = 128 * 1024
 """Up to this size (what the agreement's messages carry) the built-in table's broadcast
 over a power of two of ranks (4 or more) rides in the agreement: through the node's
-mailboxes it was measured faster than MPI's own from 8 KiB to 128 KiB at 4 ranks on one
-node (see docs/benchmarks.md); where the ranks span nodes or their messages do not pass
-through shared memory, ``auto`` takes MPI's own above :data:`SMALL_MESSAGE_BYTES` (see
-:mod:`._selection`)."""
+mailboxes that is faster than MPI's own from 8 KiB up to it at 4 ranks on one node,
+where the check followed by MPI's own costs a synchronisation of every rank
+(docs/lab/2026-11-28-riding-in-the-agreement.md); where the ranks span nodes or their
+messages do not pass through shared memory, ``auto`` takes MPI's own above
+:data:`SMALL_MESSAGE_BYTES` (see :mod:`._selection`)."""
 
 PAIR_CARRIED_BROADCAST_MAX_BYTES = 16 * 1024
 """:data:`CARRIED_BROADCAST_MAX_BYTES` for 2 ranks, where MPI's own broadcast copies once,
-from the root's buffer, and riding copies twice through a mailbox: on a 2-core VM riding
-was 0.37x MPI's own at 32 KiB and 0.21-0.23x at 128 KiB in place in one run, 0.68-0.84x
-and 0.57-0.73x in others, where the check before MPI's own was 0.57-0.63x and 0.63-0.75x
-in all (see docs/benchmarks.md); at 16 KiB the two were even in the first run."""
+from the root's buffer, and riding copies twice through a mailbox: above 16 KiB riding is
+fast or slow with where the two cores lie, at times far behind the check followed by
+MPI's own, whose speed does not swing so; up to 16 KiB the worst case of either is near
+the other's (docs/lab/2026-11-28-broadcast-out-of-place-and-riding-on-two-ranks.md)."""
 
 FOLDED_CARRIED_BROADCAST_MAX_BYTES = 16 * 1024
 """:data:`CARRIED_BROADCAST_MAX_BYTES` for other numbers of ranks, whose fold adds two
@@ -75,35 +76,34 @@ hops to the bytes' way (at 3 ranks, in place, riding was slower than MPI's own f
 CARRIED_ALLGATHER_MAX_BYTES = 64 * 1024
 """Up to this size (the gathered output) the built-in table's allgather rides in the
 agreement: through the node's mailboxes, each message carrying the rows its sender has
-gathered so far, it was measured at 0.84-1.33x MPI's own allgather alone from 16 to
-64 KiB at 2, 3 and 4 ranks on one node, where MPI's own behind the check ran at
-0.38-0.67x (see docs/benchmarks.md)."""
+gathered so far, it is about as fast as MPI's own allgather alone, and well ahead of the
+check followed by MPI's own, at 2, 3 and 4 ranks on one node
+(docs/lab/2026-11-28-riding-in-the-agreement.md)."""
 
 CARRIED_REDUCESCATTER_MAX_BYTES = 32 * 1024
 """Up to this size the built-in table's reducescatter over 3 or more ranks rides in the
 agreement, and takes the ring above (checked and run in one compiled call); over 2 ranks
-the ring takes over above :data:`PAIR_CARRIED_REDUCESCATTER_MAX_BYTES`. Measured on one
-node against MPI's own reduce-scatter behind the check, which the table took before from
-4 to 64 KiB: riding 0.90-1.35x MPI's own alone at 3 and 4 ranks from 8 to 32 KiB (MPI's
-own behind the check 0.52-0.79x), the ring 1.04-3.4x at 2 ranks from 16 KiB (see
-docs/benchmarks.md)."""
+the ring takes over above :data:`PAIR_CARRIED_REDUCESCATTER_MAX_BYTES`. Both beat MPI's
+own reduce-scatter behind the check, which the table took before from 4 to 64 KiB, on
+one node: riding about as fast as MPI's own alone at 3 and 4 ranks up to 32 KiB, the ring
+faster than MPI's own alone at 2 ranks from 16 KiB
+(docs/lab/2026-11-28-riding-in-the-agreement.md)."""
 
 PAIR_CARRIED_REDUCESCATTER_MAX_BYTES = 16 * 1024
-""":data:`CARRIED_REDUCESCATTER_MAX_BYTES` for 2 ranks: on a 2-core VM riding was
-0.52-0.62x MPI's own at 8 KiB and 0.87-1.02x at 16 KiB in four runs, the ring 0.43-0.59x
-and 0.69-1.13x; at 32 KiB the ring was 0.88-1.51x, riding 0.79-1.08x (see
-docs/benchmarks.md)."""
+""":data:`CARRIED_REDUCESCATTER_MAX_BYTES` for 2 ranks: up to 16 KiB riding's worst case is
+better than the ring's, above it the ring is faster
+(docs/lab/2026-11-28-broadcast-out-of-place-and-riding-on-two-ranks.md)."""
 
 PAIRWISE_ALLTOALL_MAX_BYTES = 64 * 1024
 """Up to this size (one rank's send buffer) the built-in table's alltoall over 2 ranks
 above :data:`SMALL_MESSAGE_BYTES` takes the pairwise exchange, which passes the blocks
 through the node's mailboxes, checked and run in one compiled call; MPI's own above.
-Measured on one node against MPI's own alltoall behind the check, which the table took
-before: 0.62-1.06x MPI's own alone from 8 to 64 KiB (0.43-0.59x before); from 128 KiB
-the mailboxes' two copies of each block were as fast as MPI's own in some runs and 2-4
-times slower in others (see docs/benchmarks.md). Where the ranks span nodes or their
-messages do not pass through shared memory, ``auto`` takes MPI's own instead (see
-:mod:`._selection`)."""
+Up to this size the exchange is faster than MPI's own alltoall behind the check, which
+the table took before; above it the mailboxes' two copies of each block are as fast as
+MPI's single copy in some phases of a machine and several times slower in others
+(docs/lab/2026-11-28-allgather-and-alltoall-through-the-mailboxes.md). Where the ranks
+span nodes or their messages do not pass through shared memory, ``auto`` takes MPI's own
+instead (see :mod:`._selection`)."""
 
 WIDE_PAIRWISE_ALLTOALL_MAX_BYTES = 128 * 1024
 """:data:`PAIRWISE_ALLTOALL_MAX_BYTES` over 3 or more ranks, where MPI's own alltoall
@@ -113,13 +113,14 @@ PAIRWISE_ALLGATHER_MAX_BYTES = 512 * 1024
 """Up to this size (the gathered output) the built-in table's allgather over 2 ranks
 above :data:`CARRIED_ALLGATHER_MAX_BYTES` takes the pairwise exchange through the node's
 mailboxes, as alltoall does (see :data:`PAIRWISE_ALLTOALL_MAX_BYTES`); MPI's own above.
-Measured on one node from 128 to 512 KiB: 1.01-1.35x MPI's own allgather alone at 2
-ranks, 0.83-1.68x at 3 and 4, where MPI's own behind the check ran at 0.62-0.96x; at 2
-MiB the exchange was slower than MPI's own (see docs/benchmarks.md)."""
+On one node up to this size the exchange is at or above MPI's own allgather alone, and
+ahead of MPI's own behind the check; beyond it MPI's own is faster
+(docs/lab/2026-11-28-allgather-and-alltoall-through-the-mailboxes.md)."""
 
 WIDE_PAIRWISE_ALLGATHER_MAX_BYTES = 1024 * 1024
-""":data:`PAIRWISE_ALLGATHER_MAX_BYTES` over 3 or more ranks (1 MiB: 0.83-1.47x MPI's own
-alone, 0.70-0.92x behind the check)."""
+""":data:`PAIRWISE_ALLGATHER_MAX_BYTES` over 3 or more ranks, where MPI's own allgather
+takes more steps too: up to 1 MiB the exchange stays ahead of MPI's own behind the check
+(the same lab note)."""
 
 _NOT_TABULATED = ("auto", "ipc")
 
@@ -238,10 +239,10 @@ def default_ranges(collective: str, group_size: int, settings: Settings) -> tupl
     """The built-in table: ``auto``'s choice without a tuned table.
 
     Allreduce: recursive doubling up to ``recursive_doubling_max_bytes``, the ring above
-    (checked and run in one compiled call, it was measured faster than MPI's own from
-    256 KiB at 2, 3 and 4 ranks on one node). The other collectives: up to
-    :data:`SMALL_MESSAGE_BYTES` ``recursive_doubling``, the data in the agreement's own
-    messages (broadcast up to :data:`CARRIED_BROADCAST_MAX_BYTES`,
+    (checked and run in one compiled call, it is faster than MPI's own from 256 KiB at 2,
+    3 and 4 ranks on one node: docs/lab/2026-11-26-the-ring-in-compiled-code.md).
+    The other collectives: up to :data:`SMALL_MESSAGE_BYTES` ``recursive_doubling``, the
+    data in the agreement's own messages (broadcast up to :data:`CARRIED_BROADCAST_MAX_BYTES`,
     :data:`PAIR_CARRIED_BROADCAST_MAX_BYTES` or :data:`FOLDED_CARRIED_BROADCAST_MAX_BYTES`,
     but the binomial tree or the pipeline up to :data:`SMALL_MESSAGE_BYTES` where
     ``broadcast_pipeline_min_bytes`` is set below it; allgather up to
