@@ -13,6 +13,7 @@ all of its checks passed, at least 20 of them.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -191,6 +192,74 @@ def require_gpu() -> None:
     says one must be there: then the test runs, and fails without one."""
     if os.environ.get("RINGTRAIN_TEST_GPU") != "1" and not gpu_found():
         pytest.skip("no CUDA GPU (RINGTRAIN_TEST_GPU=1 makes this a failure)")
+
+
+COLLECTIVES = ("allreduce", "broadcast", "gather_scatter", "mismatch", "process_sets",
+               "lifecycle", "compression", "join", "threads", "bfloat16")
+"""The collectives' programs, run at 1 to 4 ranks in one launch per rank count."""
+
+TRAINING = ("torch_tensors", "trainer_gold", "trainer_behaviour", "trainer_mixed_precision",
+            "sharded_optimizer", "trainer_broadcast", "horovod_ops", "horovod_training",
+            "pipeline", "pruning", "kvstore_sync", "kvstore_async", "balance",
+            "balance_gold")
+"""The programs of the trainer and of the front ends on it (torch tensors, Horovod's
+API, pipelines, pruning, the KVStore, load balancing), one launch per rank count."""
+
+STALL_CHECKED = ("point_to_point", "torch_backend")
+"""Programs run with the stall inspector checking every second
+(``RINGTRAIN_STALL_CHECK_SECONDS=1``): point-to-point and torch.distributed."""
+
+STALL_CHECK_EVERY_SECOND = {"RINGTRAIN_STALL_CHECK_SECONDS": "1"}
+
+NEEDS_TORCH = frozenset({"torch_tensors", "sharded_optimizer", "horovod_ops",
+                         "horovod_training", "pipeline", "pruning", "kvstore_sync",
+                         "point_to_point", "torch_backend", "balance_gold"})
+"""Programs that import torch: left out of their launch (and their tests skipped) where
+it is not installed."""
+
+_BUNDLES: dict[tuple, tuple[str, str | None]] = {}
+
+
+def run_in_bundle(program: str, bundle: Sequence[str], nprocs: int, at_least: int = 1, *,
+                  timeout: float = DEFAULT_TIMEOUT,
+                  env: Mapping[str, str] | None = None) -> str:
+    """Check ``program`` as :func:`run_checks` does, run in one launch with the other
+    programs of ``bundle`` (tests/mpi/bundle.py): the first test that asks for a bundle,
+    ``nprocs`` and ``env`` starts it, the others read its output.
+
+    Args:
+        timeout: seconds for the whole bundle.
+
+    Returns:
+        The bundle's output.
+    """
+    assert program in bundle, f"{program} is not in the bundle {list(bundle)}"
+    if importlib.util.find_spec("torch") is None:
+        if program in NEEDS_TORCH:
+            pytest.skip(f"{program} needs torch")
+        bundle = [p for p in bundle if p not in NEEDS_TORCH]
+    key = (tuple(bundle), nprocs, tuple(sorted((env or {}).items())))
+    if key not in _BUNDLES:
+        try:
+            _BUNDLES[key] = (run_mpi("bundle", nprocs, *bundle, timeout=timeout, env=env,
+                                     expected_status=(0, 1)), None)
+        except pytest.fail.Exception as failure:  # hung or crashed: every program says why
+            _BUNDLES[key] = ("", str(failure))
+    output, failure = _BUNDLES[key]
+    summary = re.search(rf"(?m)^{re.escape(program)}\.py np={nprocs}: "
+                        rf"(all (\d+) checks passed|.*FAILED.*)$", output)
+    if summary is None:
+        pytest.fail(f"{program}.py np={nprocs} did not finish in the launch of "
+                    f"{' '.join(bundle)}:\n{failure or _shown(output)}", pytrace=False)
+    if summary.group(2) is None:
+        mine = "\n".join(line for line in output.splitlines()
+                         if f"FAIL {program}: " in line or "HANG" in line)
+        pytest.fail(f"{summary.group(0)}\n{mine}\n----- output of the launch -----\n"
+                    f"{_shown(output)}", pytrace=False)
+    assert int(summary.group(2)) >= at_least, \
+        f"{program}.py np={nprocs}: {summary.group(2)} checks passed, expected at least " \
+        f"{at_least}:\n{output}"
+    return output
 
 
 def run_checks(program: str, nprocs: int, at_least: int = 1, *, args: Sequence[str] = (),

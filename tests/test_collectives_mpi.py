@@ -10,10 +10,9 @@ import ast
 
 import pytest
 
-from mpi_launch import PROGRAMS as PROGRAM_DIR, run_checks, run_mpi
+from mpi_launch import (COLLECTIVES, TRAINING, PROGRAMS as PROGRAM_DIR, run_checks,
+                        run_in_bundle, run_mpi)
 
-PROGRAMS = ["allreduce", "broadcast", "gather_scatter", "mismatch", "process_sets", "lifecycle",
-            "compression", "join", "threads", "bfloat16"]
 NPROCS = [1, 2, 3, 4]
 TIMEOUT = 180
 
@@ -28,9 +27,9 @@ def _settings_environment() -> dict[str, str]:
 
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
-@pytest.mark.parametrize("program", PROGRAMS)
+@pytest.mark.parametrize("program", COLLECTIVES)
 def test_program(program, nprocs):
-    run_checks(program, nprocs, timeout=TIMEOUT)
+    run_in_bundle(program, COLLECTIVES, nprocs, timeout=TIMEOUT * len(COLLECTIVES))
 
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
@@ -40,8 +39,7 @@ def test_settings_from_the_environment(nprocs):
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
 def test_torch_cpu_tensors(nprocs):
-    pytest.importorskip("torch")
-    run_checks("torch_tensors", nprocs, timeout=TIMEOUT)
+    run_in_bundle("torch_tensors", TRAINING, nprocs, timeout=240 * len(TRAINING))
 
 
 @pytest.mark.parametrize("program,only", [("mismatch", None), ("allreduce", "exchange"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mpi_launch import run_checks
+from mpi_launch import TRAINING, run_in_bundle
 
 NPROCS = [1, 2, 3, 4]
 TIMEOUT = 180
@@ -13,5 +13,4 @@ TIMEOUT = 180
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
 def test_horovod_ops(nprocs):
-    pytest.importorskip("torch")
-    run_checks("horovod_ops", nprocs, timeout=TIMEOUT)
+    run_in_bundle("horovod_ops", TRAINING, nprocs, timeout=240 * len(TRAINING))

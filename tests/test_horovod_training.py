@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-from mpi_launch import run_checks
+from mpi_launch import TRAINING, run_in_bundle
 
 NPROCS = [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
 def test_horovod_training(nprocs):
-    if importlib.util.find_spec("torch") is None:
-        pytest.skip("needs torch")
-    run_checks("horovod_training", nprocs, 23, timeout=240)
+    run_in_bundle("horovod_training", TRAINING, nprocs, 23, timeout=240 * len(TRAINING))

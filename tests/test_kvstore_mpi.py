@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from mpi_launch import ABORTED, ROOT, run_checks, run_mpi
+from mpi_launch import ABORTED, ROOT, TRAINING, run_in_bundle, run_mpi
 from test_launcher_runs import launch, needs_mpi
 
 # Each program, the world sizes it runs at, and the fewest checks it must report passed.
@@ -19,7 +19,8 @@ PROGRAMS = {"kvstore_sync": ([1, 2, 3, 4], 14), "kvstore_async": ([1, 2, 3, 4], 
                          [(p, n) for p, (sizes, _) in PROGRAMS.items() for n in sizes],
                          ids=lambda v: v if isinstance(v, str) else f"np{v}")
 def test_program(program, nprocs):
-    run_checks(program, nprocs, PROGRAMS[program][1], timeout=240)
+    run_in_bundle(program, TRAINING, nprocs, PROGRAMS[program][1],
+                  timeout=240 * len(TRAINING))
 
 
 @needs_mpi

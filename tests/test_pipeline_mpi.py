@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mpi_launch import run_checks
+from mpi_launch import TRAINING, run_in_bundle
 
 pytest.importorskip("torch")
 
@@ -15,4 +15,4 @@ CHECKS = 5
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
 def test_pipeline(nprocs):
-    run_checks("pipeline", nprocs, CHECKS, timeout=240)
+    run_in_bundle("pipeline", TRAINING, nprocs, CHECKS, timeout=240 * len(TRAINING))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mpi_launch import run_checks
+from mpi_launch import STALL_CHECK_EVERY_SECOND, STALL_CHECKED, run_in_bundle
 
 NPROCS = [1, 2, 3, 4]
 CHECKS = 11
@@ -13,5 +13,5 @@ CHECKS = 11
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
 def test_point_to_point(nprocs):
-    run_checks("point_to_point", nprocs, CHECKS, timeout=180,
-               env={"RINGTRAIN_STALL_CHECK_SECONDS": "1"})
+    run_in_bundle("point_to_point", STALL_CHECKED, nprocs, CHECKS, timeout=480,
+                  env=STALL_CHECK_EVERY_SECOND)

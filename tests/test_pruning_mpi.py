@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mpi_launch import run_checks
+from mpi_launch import TRAINING, run_in_bundle
 
 pytest.importorskip("torch")
 
@@ -14,4 +14,4 @@ MIN_CHECKS = 13
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
 def test_pruning(nprocs):
-    run_checks("pruning", nprocs, MIN_CHECKS, timeout=240)
+    run_in_bundle("pruning", TRAINING, nprocs, MIN_CHECKS, timeout=240 * len(TRAINING))

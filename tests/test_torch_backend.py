@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from mpi_launch import ROOT, run_checks
+from mpi_launch import (ROOT, STALL_CHECK_EVERY_SECOND, STALL_CHECKED, run_checks,
+                        run_in_bundle)
 
 pytest.importorskip("torch")
 
@@ -24,11 +25,9 @@ def without_torch_variables() -> dict[str, str]:
 
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
-def test_torch_distributed_calls(nprocs, monkeypatch):
-    for variable in TORCH_VARIABLES:
-        monkeypatch.delenv(variable, raising=False)
-    run_checks("torch_backend", nprocs, 19, timeout=300,
-               env={"RINGTRAIN_STALL_CHECK_SECONDS": "1"})
+def test_torch_distributed_calls(nprocs):
+    run_in_bundle("torch_backend", STALL_CHECKED, nprocs, 19, timeout=480,
+                  env=STALL_CHECK_EVERY_SECOND)
 
 
 def test_the_programs_people_run_end_as_on_gloo(monkeypatch):

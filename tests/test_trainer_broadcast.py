@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from mpi_launch import run_checks
+from mpi_launch import TRAINING, run_in_bundle
 
 NPROCS = [1, 2, 3, 4]
 TIMEOUT = 180
@@ -20,7 +20,7 @@ TIMEOUT = 180
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
 def test_trainer_broadcast(nprocs):
-    run_checks("trainer_broadcast", nprocs, timeout=TIMEOUT)
+    run_in_bundle("trainer_broadcast", TRAINING, nprocs, timeout=240 * len(TRAINING))
 
 
 def test_importing_the_module_does_not_import_torch(tmp_path):

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from mpi_launch import require_gpu, run_checks, run_mpi
+from mpi_launch import TRAINING, require_gpu, run_in_bundle, run_mpi
 
 # Each program and the fewest checks it must report passed.
 PROGRAMS = {"trainer_gold": 17, "trainer_behaviour": 17, "trainer_mixed_precision": 28,
@@ -17,7 +17,7 @@ NPROCS = [1, 2, 3, 4]
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
 @pytest.mark.parametrize("program", list(PROGRAMS))
 def test_program(program, nprocs):
-    run_checks(program, nprocs, PROGRAMS[program], timeout=240)
+    run_in_bundle(program, TRAINING, nprocs, PROGRAMS[program], timeout=240 * len(TRAINING))
 
 
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])

@@ -13,7 +13,10 @@ flag over ``MPI.COMM_WORLD`` (not ringtrain's communicator), so:
   and the stack of every thread, then ends the job.
 
 The program exits with status 1 when any check failed. ``--only SUBSTRING`` runs the
-checks whose names contain SUBSTRING (for debugging a single check).
+checks whose names contain SUBSTRING (for debugging a single check). Several programs
+may run in one launch (tests/mpi/bundle.py imports them): each check belongs to the
+module that registered it, the checks run program after program, reports name them
+``program: check``, and each program's summary line comes when its last check is done.
 
 Inputs are deterministic functions of (rank, key), so every rank can compute every
 other rank's input and therefore a numpy reference for every collective.
@@ -59,6 +62,14 @@ class Check:
     name: str
     function: Callable[[], None]
     min_size: int = 1
+    program: str = ""
+    """The program (module) that registered it: its summary line names it."""
+
+    @property
+    def label(self) -> str:
+        """How reports name the check: ``program: name`` when several programs run."""
+        several = len({c.program for c in _CHECKS}) > 1
+        return f"{self.program}: {self.name}" if several else self.name
 
 
 _CHECKS: list[Check] = []
@@ -73,7 +84,9 @@ def check(function: Callable[[], None] | None = None, *, min_size: int = 1,
         name: the name shown in reports (default: the function's name).
     """
     def register(f: Callable[[], None]) -> Callable[[], None]:
-        _CHECKS.append(Check(name or f.__name__, f, min_size))
+        program = f.__module__ if f.__module__ != "__main__" else \
+            os.path.splitext(os.path.basename(sys.argv[0]))[0]
+        _CHECKS.append(Check(name or f.__name__, f, min_size, program))
         return f
 
     return register(function) if function is not None else register
@@ -113,15 +126,15 @@ def _exchange_flags(ok: bool, name: str) -> list[bool]:
     return [bool(flag) for flag in everyone]
 
 
-def _run_checks(checks: Sequence[Check]) -> list[str]:
+def _run_checks(checks: Sequence[Check]) -> list[Check]:
     rank, size = WORLD.Get_rank(), WORLD.Get_size()
     failed = []
     for item in checks:
         if size < item.min_size:
             if rank == 0:
-                log(f"rank 0: SKIP {item.name} (needs {item.min_size} ranks)")
+                log(f"rank 0: SKIP {item.label} (needs {item.min_size} ranks)")
             continue
-        watchdog = threading.Timer(CHECK_TIMEOUT, _on_hang, (item.name,))
+        watchdog = threading.Timer(CHECK_TIMEOUT, _on_hang, (item.label,))
         watchdog.daemon = True
         watchdog.start()
         start = time.perf_counter()
@@ -130,19 +143,19 @@ def _run_checks(checks: Sequence[Check]) -> list[str]:
             ok = True
         except Exception:  # reported, then the ranks decide together whether to go on
             ok = False
-            log(f"rank {rank}: FAIL {item.name}\n{traceback.format_exc()}")
+            log(f"rank {rank}: FAIL {item.label}\n{traceback.format_exc()}")
         finally:
             watchdog.cancel()
         elapsed = time.perf_counter() - start
-        flags = _exchange_flags(ok, item.name)
+        flags = _exchange_flags(ok, item.label)
         if all(flags):
             if rank == 0:
-                log(f"rank 0: PASS {item.name} ({elapsed:.2f} s)")
+                log(f"rank 0: PASS {item.label} ({elapsed:.2f} s)")
         else:
-            failed.append(item.name)
+            failed.append(item)
             if rank == 0:
                 bad = ",".join(str(r) for r, flag in enumerate(flags) if not flag)
-                log(f"rank 0: FAIL {item.name} (failed on ranks {bad})")
+                log(f"rank 0: FAIL {item.label} (failed on ranks {bad})")
     return failed
 
 
@@ -153,21 +166,24 @@ def main() -> None:
     only = None
     if "--only" in sys.argv:
         only = sys.argv[sys.argv.index("--only") + 1]
-    checks = [c for c in _CHECKS if only is None or only in c.name]
+    checks = [c for c in _CHECKS if only is None or only in c.label]
     # faulthandler's stack dumps name threads by id: this line maps them to ranks
     log(f"rank {WORLD.Get_rank()}: pid {os.getpid()}, main thread "
         f"0x{threading.main_thread().ident:016x}")
     rt.init()
-    program = os.path.basename(sys.argv[0])
-    failed = _run_checks(checks)
+    failed = []
+    for program in dict.fromkeys(c.program for c in _CHECKS):  # each summed up at its end
+        ran = [c for c in checks if c.program == program]
+        bad = [c.name for c in _run_checks(ran)]
+        failed += bad
+        if WORLD.Get_rank() == 0:
+            if bad:
+                log(f"{program}.py np={WORLD.Get_size()}: {len(bad)} of {len(ran)} checks "
+                    f"FAILED: {', '.join(bad)}")
+            else:
+                log(f"{program}.py np={WORLD.Get_size()}: all {len(ran)} checks passed")
     if rt.is_initialized():
         rt.shutdown()
-    if WORLD.Get_rank() == 0:
-        if failed:
-            log(f"{program} np={WORLD.Get_size()}: {len(failed)} of {len(checks)} checks "
-                f"FAILED: {', '.join(failed)}")
-        else:
-            log(f"{program} np={WORLD.Get_size()}: all {len(checks)} checks passed")
     sys.stdout.flush()
     sys.exit(1 if failed else 0)
 

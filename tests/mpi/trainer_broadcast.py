@@ -547,7 +547,8 @@ def torch_cuda_tensors_are_staged_through_the_host():
         assert len(optimizer.state) == len(list(model.parameters())), what
 
 
+if torch is not None:
+    torch.set_num_threads(1)  # several ranks share the cores
+
 if __name__ == "__main__":
-    if torch is not None:
-        torch.set_num_threads(1)  # several ranks share the cores
     main()

@@ -209,9 +209,10 @@ def numpy_checks() -> None:
                                f"{'_overlap' if overlap else ''}")
 
 
+numpy_checks()
+if torch is not None:
+    torch_checks()
+
 if __name__ == "__main__":
     rt.init()
-    numpy_checks()
-    if torch is not None:
-        torch_checks()
     main()
