@@ -177,18 +177,19 @@ def sampler_deals_every_index_once_while_shares_change_and_ranks_prefetch():
 @check(min_size=2)
 def optimizer_timing_moves_samples_away_from_a_slow_rank():
     """The DistributedOptimizer measures each step's compute itself; the last rank
-    spends 2 ms more per sample (a sleep inside the step), so after a few agreements (the
-    first three only measure the noise) it holds fewer samples than the others."""
+    spends 2 ms more per sample (a sleep inside the step), so after a few agreements it
+    holds fewer samples than the others (no noise margin: a machine busy with other work
+    makes the ranks' speeds wobble, and the check is about the measurement)."""
     if torch is None:
         return
     size, rank = rt.size(), rt.rank()
-    balancer = rt.LoadBalancer(8 * size, interval=3)
+    balancer = rt.LoadBalancer(8 * size, interval=3, noise_margin=0.0)
     model = torch.nn.Linear(4, 2)
     optimizer = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                         named_parameters=model.named_parameters(),
                                         balance=balancer)
     assert optimizer.balancer is balancer
-    for _ in range(15):
+    for _ in range(9):
         optimizer.zero_grad()
         share = balancer.share
         x = torch.ones(share, 4)
