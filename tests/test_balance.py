@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from mpi_launch import ABORTED, run_checks, run_mpi
+from mpi_launch import ABORTED, TRAINING, run_in_bundle, run_mpi
 from mpi_launch import PROGRAMS as MPI_PROGRAMS
 from test_launcher_runs import launch, needs_mpi
 
@@ -19,7 +19,7 @@ NPROCS = [1, 2, 3, 4]
 @pytest.mark.parametrize("nprocs", NPROCS, ids=[f"np{n}" for n in NPROCS])
 @pytest.mark.parametrize("program", list(PROGRAMS))
 def test_program(program, nprocs):
-    run_checks(program, nprocs, PROGRAMS[program], timeout=240)
+    run_in_bundle(program, TRAINING, nprocs, PROGRAMS[program], timeout=240 * len(TRAINING))
 
 
 def test_a_rank_that_raises_mid_training_ends_the_job_on_every_rank():

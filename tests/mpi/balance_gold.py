@@ -356,6 +356,7 @@ def ddp_scale_loss_gold() -> None:
     weights each rank's loss by its samples, so the average is the global mean."""
     import torch.distributed as dist
 
+    assert not dist.is_initialized(), "a torch.distributed process group is in use already"
     port = WORLD.bcast(free_port() if rt.rank() == 0 else None)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
                             rank=rt.rank(), world_size=rt.size())
