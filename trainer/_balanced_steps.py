@@ -22,6 +22,7 @@ from typing import Any, ContextManager
 
 from ..collectives import Average, ProcessSet, Sum, size
 from ..collectives.errors import InvalidArgumentError
+from .balance import LoadBalancer
 
 
 class StepBalance:
@@ -39,10 +40,8 @@ class StepBalance:
             process set other than the balancer's.
     """
 
-    def __init__(self, balancer: Any, op: Any, process_set: ProcessSet | None, owner: str,
-                 passes: Callable[[], int]):
-        from .balance import LoadBalancer
-
+    def __init__(self, balancer: LoadBalancer, op: Any, process_set: ProcessSet | None,
+                 owner: str, passes: Callable[[], int]):
         if not isinstance(balancer, LoadBalancer):
             raise InvalidArgumentError(
                 f"{owner}: balance must be a LoadBalancer, got {type(balancer).__name__}")
@@ -117,8 +116,8 @@ class NoBalance:
 NO_BALANCE = NoBalance()
 
 
-def step_balance(balancer: Any, op: Any, process_set: ProcessSet | None, owner: str,
-                 passes: Callable[[], int]) -> StepBalance | NoBalance:
+def step_balance(balancer: LoadBalancer | None, op: Any, process_set: ProcessSet | None,
+                 owner: str, passes: Callable[[], int]) -> StepBalance | NoBalance:
     """A :class:`StepBalance` for ``balancer``, or :data:`NO_BALANCE` when it is None."""
     if balancer is None:
         return NO_BALANCE

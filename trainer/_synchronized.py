@@ -7,7 +7,8 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from ._balanced_steps import NO_BALANCE, StepBalance, NoBalance, step_balance
+from ._balanced_steps import NO_BALANCE, NoBalance, StepBalance, step_balance
+from .balance import LoadBalancer
 from .gradient_reducer import GradientReducer
 
 _STEP_AFTER_SYNCHRONIZE = (
@@ -47,7 +48,7 @@ class SynchronizedSteps:
         self._reducer.backward_passes_per_step = passes
 
     @property
-    def balancer(self) -> Any:
+    def balancer(self) -> LoadBalancer | None:
         """The :class:`~ringtrain.trainer.balance.LoadBalancer` given as ``balance=``, or None."""
         return self._balance.balancer
 
@@ -66,7 +67,8 @@ class SynchronizedSteps:
             self._reducer.wait(missing=self._missing)
         self._after_synchronize()
 
-    def _attach_balance(self, balancer: Any, op: Any, process_set: Any, owner: str) -> None:
+    def _attach_balance(self, balancer: LoadBalancer | None, op: Any, process_set: Any,
+                        owner: str) -> None:
         """Weight this rank's gradients by its samples and report steps to ``balancer``
         (None: nothing to do)."""
         self._balance = step_balance(balancer, op, process_set, owner,

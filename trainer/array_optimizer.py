@@ -33,6 +33,7 @@ from ..collectives.errors import InvalidArgumentError, UsageError
 from ..kernels import twin_for
 from ._names import repeated_names
 from ._synchronized import SynchronizedSteps
+from .balance import LoadBalancer
 from .gradient_reducer import GradientReducer, predivide_factors
 
 
@@ -60,7 +61,7 @@ class ArrayDistributedOptimizer(SynchronizedSteps):
                  gradient_predivide_factor: float = 1.0,
                  process_set: ProcessSet | None = None, *,
                  fusion_threshold: int | None = None,
-                 first_bucket_bytes: int = 1 << 20, balance: Any = None):
+                 first_bucket_bytes: int = 1 << 20, balance: LoadBalancer | None = None):
         if not callable(getattr(optimizer, "step", None)):
             raise InvalidArgumentError(
                 f"optimizer must have a step() method, got {type(optimizer).__name__}")

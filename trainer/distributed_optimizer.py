@@ -8,6 +8,7 @@ from typing import Any
 
 from ..collectives import Average, Compression, Compressor, ProcessSet, ReduceOp
 from ..collectives.errors import InvalidArgumentError
+from .balance import LoadBalancer
 
 
 def DistributedOptimizer(optimizer: Any, named_parameters: Iterable[tuple] | None = None,
@@ -17,7 +18,7 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Iterable[tuple] | Non
                          process_set: ProcessSet | None = None, *,
                          fusion_threshold: int | None = None,
                          first_bucket_bytes: int = 1 << 20,
-                         master_weights: bool = False, balance: Any = None) -> Any:
+                         master_weights: bool = False, balance: LoadBalancer | None = None) -> Any:
     """Wrap ``optimizer`` so that its ``step()`` uses gradients averaged across ranks.
 
     A ``torch.optim.Optimizer`` gets a

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..collectives import Compression, Compressor, ProcessSet
 from ._buckets import DEFAULT_FIRST_BUCKET_BYTES
+from .balance import LoadBalancer
 from .distributed_optimizer import refuse_master_weights
 
 
@@ -16,7 +17,7 @@ def ShardedOptimizer(optimizer: Any, named_parameters: Iterable[tuple] | None = 
                      backward_passes_per_step: int = 1, fusion_threshold: int | None = None,
                      first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
                      compression: Compressor = Compression.none,
-                     master_weights: bool = False, balance: Any = None) -> Any:
+                     master_weights: bool = False, balance: LoadBalancer | None = None) -> Any:
     """Shard the optimizer state (stage 1) and the averaged gradients (stage 2) across
     the ranks: gradients are reduce-scattered, each rank steps its shard, the updated
     parameters are allgathered (see docs/sharded.md).

@@ -36,6 +36,7 @@ from ..kernels import BFLOAT16
 from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec
 from ._buckets import fusion_threshold as resolve_fusion_threshold
 from ._names import repeated_names
+from .balance import LoadBalancer
 from .sharded_array_state import consolidated_state_dict, local_from_consolidated
 from .sharded_partition import (BucketSteps, Partition, check_arguments, clip_coefficient,
                                 wait_for_buckets)
@@ -72,7 +73,7 @@ class ArrayShardedOptimizer(BucketSteps):
                  stage: int = 1, process_set: ProcessSet | None = None, *,
                  backward_passes_per_step: int = 1, fusion_threshold: int | None = None,
                  first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
-                 compression: Compressor = Compression.none, balance: Any = None):
+                 compression: Compressor = Compression.none, balance: LoadBalancer | None = None):
         self.shard_rank = rank() if process_set is None else process_set.rank()
         self.shard_size = size() if process_set is None else process_set.size()
         if not callable(make_optimizer):

@@ -44,6 +44,7 @@ from ._buckets import DEFAULT_FIRST_BUCKET_BYTES, GradientSpec
 from ._buckets import fusion_threshold as resolve_fusion_threshold
 from ._dtypes import numpy_dtype
 from ._gradient_masks import kept_elements
+from .balance import LoadBalancer
 from .gradient_reducer import wire_itemsize
 from .master_weights import LOW_PRECISION
 from .torch_optimizer import (WrappedOptimizerView, host_masks,
@@ -102,7 +103,7 @@ class TorchShardedOptimizer(BucketSteps, WrappedOptimizerView, torch.optim.Optim
                  backward_passes_per_step: int = 1, fusion_threshold: int | None = None,
                  first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
                  compression: Compressor = Compression.none,
-                 master_weights: bool = False, balance: Any = None):
+                 master_weights: bool = False, balance: LoadBalancer | None = None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise InvalidArgumentError(
                 f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")

@@ -29,6 +29,7 @@ import numpy as np
 from ..collectives import Average, Compressor, Max, ProcessSet, Sum, allreduce, synchronize
 from ..collectives.errors import InvalidArgumentError
 from ._balanced_steps import NO_BALANCE, NoBalance, StepBalance, step_balance
+from .balance import LoadBalancer
 from ._buckets import GradientSpec, assign_buckets
 
 _NAMES_SHOWN = 3
@@ -205,11 +206,11 @@ class BucketSteps:
     _balance: StepBalance | NoBalance = NO_BALANCE
 
     @property
-    def balancer(self) -> Any:
+    def balancer(self) -> LoadBalancer | None:
         """The :class:`~ringtrain.trainer.balance.LoadBalancer` given as ``balance=``, or None."""
         return self._balance.balancer
 
-    def _attach_balance(self, balancer: Any) -> None:
+    def _attach_balance(self, balancer: LoadBalancer | None) -> None:
         """Weight this rank's gradients by its samples and report steps to ``balancer``
         (None: nothing to do)."""
         self._balance = step_balance(balancer, Average, self.process_set, "ShardedOptimizer",

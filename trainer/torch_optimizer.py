@@ -29,6 +29,7 @@ from ..collectives.errors import InvalidArgumentError, UnsupportedDtypeError, Us
 from ._dtypes import numpy_dtype
 from ._names import repeated_names
 from ._synchronized import SynchronizedSteps
+from .balance import LoadBalancer
 from .gradient_reducer import GradientReducer, predivide_factors
 from .master_weights import STATE_KEY, MasterWeights
 
@@ -113,7 +114,7 @@ class TorchDistributedOptimizer(WrappedOptimizerView, SynchronizedSteps, torch.o
                  process_set: ProcessSet | None = None, *,
                  fusion_threshold: int | None = None,
                  first_bucket_bytes: int = 1 << 20, master_weights: bool = False,
-                 balance: Any = None):
+                 balance: LoadBalancer | None = None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise InvalidArgumentError(
                 f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")

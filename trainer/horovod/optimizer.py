@@ -37,6 +37,7 @@ from ... import collectives
 from ...collectives.errors import UsageError
 from ...kernels.compression import Compressor as WireCompressor
 from .._names import repeated_names
+from ..balance import LoadBalancer
 from ..torch_optimizer import TorchDistributedOptimizer
 from ._adasum import check_adasum
 from ._operations import grouped_allreduce_now
@@ -61,7 +62,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          groups: int | list[list[torch.Tensor]] | None = None,
                          sparse_as_dense: bool = False,
                          process_set: ProcessSet = global_process_set, *,
-                         balance: Any = None) -> torch.optim.Optimizer:
+                         balance: LoadBalancer | None = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` uses gradients reduced across ranks (Horovod's
     ``hvd.DistributedOptimizer``, on ringtrain's ``DistributedOptimizer``).
 
@@ -122,7 +123,7 @@ class _HorovodOptimizer(TorchDistributedOptimizer):
                  named_parameters: list[tuple[str, torch.Tensor]],
                  compression: Any, backward_passes_per_step: int, op: Any,
                  gradient_predivide_factor: float, sparse_as_dense: bool,
-                 process_set: ProcessSet, balance: Any = None):
+                 process_set: ProcessSet, balance: LoadBalancer | None = None):
         self._included = process_set is None or process_set.included()
         self._parameter_names = {p: name for name, p in named_parameters}
         self._compression = compression
@@ -234,7 +235,7 @@ class _AdasumOptimizer(_HorovodOptimizer):
                  named_parameters: list[tuple[str, torch.Tensor]],
                  compression: Any, backward_passes_per_step: int, op: Any,
                  gradient_predivide_factor: float, sparse_as_dense: bool,
-                 process_set: ProcessSet, balance: Any = None):
+                 process_set: ProcessSet, balance: LoadBalancer | None = None):
         super().__init__(optimizer, named_parameters, Compression.none,
                          backward_passes_per_step, Average, gradient_predivide_factor,
                          sparse_as_dense, process_set)
