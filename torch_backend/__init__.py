@@ -26,8 +26,7 @@ from typing import Any
 import torch.distributed as dist
 
 from . import _rendezvous
-
-BACKEND_NAME = "ringtrain"
+from ._name import BACKEND_NAME
 
 __all__ = ["BACKEND_NAME", "ProcessGroupRingtrain", "bf16_hook", "fp16_hook",
            "process_set_of"]

@@ -41,7 +41,7 @@ from ..collectives import (ANY_SOURCE, ProcessSet, UnsupportedDtypeError, add_pr
                            global_process_set, grouped_allreduce_, init, irecv, isend, rank,
                            reducescatter, remove_process_set, size)
 from ..collectives.engine import inside_a_call, submit
-from . import BACKEND_NAME
+from ._name import BACKEND_NAME
 from ._tensors import (Reduction, concatenated, copy_into, flat, operand, reduction,
                        scatter_into)
 from ._work import CompletedWork, WorkInFlight
