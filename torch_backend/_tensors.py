@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..collectives import Average, Max, Min, Product, ReduceOp, Sum
+from ..collectives import Average, Max, Min, Product, ReduceOp, Sum, UnsupportedDtypeError
 from ..collectives.engine import torch_view
 
 VIEWED_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64,
@@ -65,6 +65,19 @@ def reduction(op: Any, dtype: torch.dtype) -> Reduction:
     return (_BOOL_REDUCTIONS if dtype is torch.bool else _REDUCTIONS)[kind]
 
 
+def contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself if it is contiguous, else a contiguous copy.
+
+    Raises:
+        UnsupportedDtypeError: a sparse (or other non-strided) tensor.
+    """
+    if tensor.layout is not torch.strided:
+        raise UnsupportedDtypeError(
+            f"torch.distributed on the 'ringtrain' backend: a {tensor.layout} tensor; the "
+            f"collectives take dense (strided) tensors")
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
 def operand(tensor: torch.Tensor, reduced: bool = False) -> Any:
     """What a ringtrain collective takes for ``tensor`` (see the module's docstring); a
     bool tensor that is ``reduced`` as uint8 (its values stay 0 and 1: the reductions of
@@ -80,7 +93,7 @@ def operand(tensor: torch.Tensor, reduced: bool = False) -> Any:
 
 def flat(tensor: torch.Tensor) -> torch.Tensor:
     """A 1-D contiguous tensor of ``tensor``'s elements (a view where it can be)."""
-    return tensor.reshape(-1) if tensor.is_contiguous() else tensor.contiguous().reshape(-1)
+    return contiguous(tensor).reshape(-1)
 
 
 def copy_into(target: torch.Tensor, source: Any) -> None:

@@ -42,8 +42,8 @@ from ..collectives import (ANY_SOURCE, ProcessSet, UnsupportedDtypeError, add_pr
                            reducescatter, remove_process_set, size)
 from ..collectives.engine import inside_a_call, submit
 from ._name import BACKEND_NAME
-from ._tensors import (Reduction, concatenated, copy_into, flat, operand, reduction,
-                       scatter_into)
+from ._tensors import (Reduction, concatenated, contiguous, copy_into, flat, operand,
+                       reduction, scatter_into)
 from ._work import CompletedWork, WorkInFlight
 
 Tensors = list[torch.Tensor]
@@ -136,7 +136,7 @@ class ProcessGroupRingtrain(dist.ProcessGroup):
             self._reduce_in_place(tensors[0], reduction(op, tensors[0].dtype))
             return tensors
         how = reduction(op, tensors[0].dtype)
-        if how.bitwise is not None or not all(t.is_contiguous() for t in tensors):
+        if how.bitwise is not None or any(contiguous(t) is not t for t in tensors):
             for tensor in tensors:
                 self._reduce_in_place(tensor, reduction(op, tensor.dtype))
             return tensors
@@ -149,7 +149,7 @@ class ProcessGroupRingtrain(dist.ProcessGroup):
         if how.bitwise is not None:
             copy_into(tensor, self._bitwise(flat(tensor), how))
             return
-        target = tensor if tensor.is_contiguous() else tensor.contiguous()
+        target = contiguous(tensor)
         allreduce_(operand(target, reduced=True), op=how.op,
                    prescale_factor=how.prescale_factor, process_set=self._process_set)
         if target is not tensor:
@@ -238,7 +238,7 @@ class ProcessGroupRingtrain(dist.ProcessGroup):
 
     def _broadcast(self, tensors: Tensors, root: int) -> Tensors:
         for tensor in tensors:
-            target = tensor if tensor.is_contiguous() else tensor.contiguous()
+            target = contiguous(tensor)
             broadcast_(operand(target), root_rank=root, process_set=self._process_set)
             if target is not tensor:
                 tensor.copy_(target)
@@ -246,10 +246,16 @@ class ProcessGroupRingtrain(dist.ProcessGroup):
 
     def allgather(self, outputs: list[Tensors], inputs: Tensors,
                   opts: Any = None) -> dist.Work:
+        """``outputs[i][r]`` receives rank r's ``inputs[i]``."""
         opts = _options(opts, c10d.AllgatherOptions)
         return self._run(opts, "allgather", self._allgather_lists, outputs, inputs)
 
-    allgather_coalesced = allgather
+    def allgather_coalesced(self, outputs: list[Tensors], inputs: Tensors,
+                            opts: Any = None) -> dist.Work:
+        """``outputs[r][i]`` receives rank r's ``inputs[i]`` (the other way round)."""
+        opts = _options(opts, c10d.AllgatherOptions)
+        by_input = [[outputs[r][i] for r in range(len(outputs))] for i in range(len(inputs))]
+        return self._run(opts, "allgather", self._allgather_lists, by_input, inputs)
 
     def _allgather_lists(self, outputs: list[Tensors], inputs: Tensors) -> Tensors:
         for pieces, input in zip(outputs, inputs):
@@ -287,7 +293,7 @@ class ProcessGroupRingtrain(dist.ProcessGroup):
 
     def _all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
                            output_splits: list[int], input_splits: list[int]) -> Tensors:
-        data = input if input.is_contiguous() else input.contiguous()
+        data = contiguous(input)
         received, received_splits = alltoall(operand(data), splits=input_splits or None,
                                              process_set=self._process_set)
         if output_splits and [int(s) for s in received_splits] != output_splits:
@@ -350,7 +356,7 @@ class ProcessGroupRingtrain(dist.ProcessGroup):
 
     def send(self, tensors: Tensors, dst: int, tag: int) -> dist.Work:
         tensor = tensors[0]
-        data = tensor if tensor.is_contiguous() else tensor.contiguous()
+        data = contiguous(tensor)
         handle = isend(operand(data), dst=self._world_rank(dst), tag=tag,
                        process_set=self._process_set)
         return WorkInFlight(handle, lambda _: [tensor])
@@ -362,7 +368,7 @@ class ProcessGroupRingtrain(dist.ProcessGroup):
         return self._receive(tensors[0], ANY_SOURCE, tag)
 
     def _receive(self, tensor: torch.Tensor, src: int, tag: int) -> dist.Work:
-        target = tensor if tensor.is_contiguous() else tensor.contiguous()
+        target = contiguous(tensor)
         handle = irecv(operand(target), src=src, tag=tag, process_set=self._process_set)
 
         def finish(_: Any) -> Tensors:

@@ -160,6 +160,8 @@ def all_reduce_refusals_reach_every_rank():
                   match=["bitwise", "float32"])
     expect_raises(rt.UnsupportedDtypeError, dist.all_reduce, torch.ones(3, dtype=torch.uint16),
                   match=["uint16"])
+    expect_raises(rt.UnsupportedDtypeError, dist.all_reduce, torch.eye(2).to_sparse(),
+                  match=["sparse", "dense"])
     # a dtype refused on one rank only: the others learn why, nobody waits
     dtype = torch.uint32 if rank() == world() - 1 else torch.int32
     error = (rt.UnsupportedDtypeError, rt.MismatchError) if world() > 1 \
@@ -240,11 +242,14 @@ def all_gather_forms():
         stacked = torch.empty(world(), 5, dtype=dtype)
         dist.all_gather_into_tensor(stacked, inputs[rank()])
         assert_same(stacked, torch.stack(inputs), f"all_gather_into_tensor stacked {dtype}")
-    matrices = [torch.arange(6.0).reshape(2, 3) + 10 * r for r in range(world())]
-    outputs = [[torch.empty(2, 3) for _ in range(world())]]
-    dist.all_gather_coalesced(outputs, [matrices[rank()]])
+    # outputs[r][i]: rank r's input i (inputs of different sizes)
+    inputs = [torch.full((1,), 10.0 * rank()), torch.arange(6.0).reshape(2, 3) + 10 * rank()]
+    outputs = [[torch.empty(1), torch.empty(2, 3)] for _ in range(world())]
+    dist.all_gather_coalesced(outputs, inputs)
     for r in range(world()):
-        assert_same(outputs[0][r], matrices[r], f"all_gather_coalesced from {r}")
+        assert_same(outputs[r][0], torch.full((1,), 10.0 * r), f"all_gather_coalesced {r} 0")
+        assert_same(outputs[r][1], torch.arange(6.0).reshape(2, 3) + 10 * r,
+                    f"all_gather_coalesced {r} 1")
 
 
 @check
