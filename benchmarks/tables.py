@@ -6,10 +6,11 @@ otherwise idle machine, after ``mkdir -p benchmarks/results``) by::
     mpiexec -n N ringtrain-bench <collective> -b 8 -e 64M -f 4 --algo auto,native \\
         --json benchmarks/results/<collective>-np<N>.json
 
-and gives one table: per size, ringtrain's ``auto`` time, the MPI library's own
-(``native``) time and ``xnative`` (busbw of ``auto`` over ``native``'s, measured in the
-same rounds), out of place, and in place where the collective has that form; under it
-the command, the machine, the MPI library and the ranks the file records. The tables
+and gives, in its collective's table, a group of columns: per size, ringtrain's ``auto``
+time, the MPI library's own (``native``) time and ``xnative`` (busbw of ``auto`` over
+``native``'s, measured in the same rounds) out of place, and ``xnative`` in place where
+the collective has that form; under the table, the commands, and the machine, the MPI
+library and the ranks the files record. The tables
 stand in docs/benchmarks.md between the two marker lines :data:`BEGIN` and :data:`END`.
 
     python benchmarks/tables.py            # print the tables
@@ -174,32 +175,54 @@ def command_of(table: Table) -> str:
     return f"mpiexec -n {table.ranks} {command}"
 
 
-def markdown(table: Table) -> list[str]:
-    """One table and the lines saying what measured it."""
-    heading = f"### {table.collective}, {table.ranks} ranks"
-    titles = ["size", "`auto` µs", "`native` µs", "xnative"]
-    if table.in_place is not None:
-        titles += ["`auto` µs, in place", "`native` µs, in place", "xnative, in place"]
-    lines = [heading, "", "| " + " | ".join(titles) + " |",
+def described(run: dict[str, str], key: str) -> str:
+    """One fact of a file's run for the caption: ``machine: ...``, ``ringtrain 0.1.0``."""
+    value = " ".join(run.get(key, "").split())
+    if key == "ringtrain-bench":          # "allreduce, ringtrain 0.1.0"
+        return value.split(", ", 1)[1] if ", " in value else ""
+    return f"{key}: {value}" if value else ""
+
+
+CAPTION_KEYS = ("machine", "MPI", "ringtrain-bench", "buffers", "ranks")
+"""What the caption says of each file, after its command: what all the collective's files
+share once, the rest after each command."""
+
+
+def markdown(collective: str, group: Sequence[Table]) -> list[str]:
+    """One collective's table, a group of columns per number of ranks, and the caption
+    saying what measured it. Each group: ``auto``'s time, ``native``'s time and
+    ``xnative`` out of place, and ``xnative`` in place where the collective has that
+    form. A size of 0 bytes (8 B split among 4 ranks) moves nothing and is left out."""
+    titles = ["size"]
+    for table in group:
+        titles += [f"{table.ranks} ranks: `auto` µs", "`native` µs", "xnative"]
+        if table.in_place is not None:
+            titles.append("xnative in place")
+    lines = [f"### {collective}", "", "| " + " | ".join(titles) + " |",
              "|" + "---:|" * len(titles)]
-    for index, size in enumerate(table.sizes):
+    for size in sorted({size for table in group for size in table.sizes if size > 0}):
         cells = [size_text(size)]
-        for points in (table.out_of_place, table.in_place):
-            if points is None:
+        for table in group:
+            width = 3 + (table.in_place is not None)
+            if size not in table.sizes:
+                cells += [""] * width
                 continue
-            point = points[index]
+            index = table.sizes.index(size)
+            point = table.out_of_place[index]
             cells += [time_text(point.auto_us), time_text(point.native_us),
                       ratio_text(point.ratio)]
+            if table.in_place is not None:
+                cells.append(ratio_text(table.in_place[index].ratio))
         lines.append("| " + " | ".join(cells) + " |")
-    run = table.run
-    described = [f"`{command_of(table)}`"]
-    for key in ("machine", "MPI", "ringtrain-bench", "ranks", "buffers"):
-        value = " ".join(run.get(key, "").split())
-        if key == "ringtrain-bench":          # "allreduce, ringtrain 0.1.0"
-            value = value.split(", ", 1)[1] if ", " in value else ""
-        if value:
-            described.append(value if key == "ringtrain-bench" else f"{key}: {value}")
-    lines += ["", "; ".join(described) + ".", ""]
+    shared = [key for key in CAPTION_KEYS
+              if len({described(table.run, key) for table in group}) == 1]
+    commands = []
+    for table in group:
+        own = [fact for fact in (described(table.run, key) for key in CAPTION_KEYS
+                                 if key not in shared) if fact]
+        commands.append(f"`{command_of(table)}`" + (f" ({'; '.join(own)})" if own else ""))
+    facts = [fact for fact in (described(group[0].run, key) for key in shared) if fact]
+    lines += ["", "; ".join(commands + facts) + ".", ""]
     return lines
 
 
@@ -208,8 +231,10 @@ def render(found: Sequence[Table]) -> str:
     if not found:
         return NO_RESULTS + "\n"
     lines: list[str] = []
-    for table in found:
-        lines += markdown(table)
+    for collective in COLLECTIVES:
+        group = [table for table in found if table.collective == collective]
+        if group:
+            lines += markdown(collective, group)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

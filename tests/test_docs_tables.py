@@ -61,25 +61,43 @@ def test_the_reference_tables_are_the_saved_results():
     assert tables.main(["--check"]) == 0
 
 
-def test_a_table_per_file_with_both_modes_and_what_measured_it(tmp_path):
+def test_a_table_per_collective_with_a_group_of_columns_per_rank_count(tmp_path):
     _save(tmp_path / "results", "broadcast", 4)
+    _save(tmp_path / "results", "allreduce", 4)
     _save(tmp_path / "results", "allreduce", 2)
     _save(tmp_path / "results", "allgather", 2, in_place=False, command=False)
     found = tables.tables(tmp_path / "results")
     assert [(t.collective, t.ranks) for t in found] == \
-        [("allreduce", 2), ("broadcast", 4), ("allgather", 2)]
-    text = tables.render(found)
-    lines = text.splitlines()
-    assert "### allreduce, 2 ranks" in lines and "### broadcast, 4 ranks" in lines
-    assert "| 8 B | 4.40 | 2.20 | 0.50 | 2.20 | 1.10 | 0.50 |" in lines
-    assert "| 64 MiB | 20000 | 25000 | 1.25 | 10000 | 12500 | 1.25 |" in lines
-    assert "| 8 B | 4.40 | 2.20 | 0.50 |" in lines       # allgather: no in-place form
-    assert ("`mpiexec -n 2 ringtrain-bench allreduce -b 8 -e 64M -f 4 --algo auto,native`; "
-            "machine: AMD EPYC, 2 CPUs; MPI: MPICH Version: 5.0.2; ringtrain 0.1.0; "
-            "ranks: 2 on 1 node(s); buffers: host memory (numpy), float32.") in lines
+        [("allreduce", 2), ("allreduce", 4), ("broadcast", 4), ("allgather", 2)]
+    lines = tables.render(found).splitlines()
+    assert [line for line in lines if line.startswith("### ")] == \
+        ["### allreduce", "### broadcast", "### allgather"]
+    assert ("| size | 2 ranks: `auto` µs | `native` µs | xnative | xnative in place "
+            "| 4 ranks: `auto` µs | `native` µs | xnative | xnative in place |") in lines
+    assert "| 8 B | 4.40 | 2.20 | 0.50 | 0.50 | 4.40 | 2.20 | 0.50 | 0.50 |" in lines
+    assert "| 64 MiB | 20000 | 25000 | 1.25 | 1.25 | 20000 | 25000 | 1.25 | 1.25 |" in lines
+    assert "| size | 2 ranks: `auto` µs | `native` µs | xnative |" in lines   # no in place
+    assert ("`mpiexec -n 2 ringtrain-bench allreduce -b 8 -e 64M -f 4 --algo auto,native` "
+            "(ranks: 2 on 1 node(s)); `mpiexec -n 4 ringtrain-bench allreduce -b 8 -e 64M "
+            "-f 4 --algo auto,native` (ranks: 4 on 1 node(s)); machine: AMD EPYC, 2 CPUs; "
+            "MPI: MPICH Version: 5.0.2; ringtrain 0.1.0; buffers: host memory (numpy), "
+            "float32.") in lines
     assert any(line.startswith("`mpiexec -n 2 ringtrain-bench allgather -b 8 -e 64M -f "
                                "8388608 --algo auto,native --json benchmarks/results/"
                                "allgather-np2.json`") for line in lines)
+
+
+def test_sizes_one_rank_count_lacks_leave_its_cells_empty(tmp_path):
+    _save(tmp_path / "results", "alltoall", 2, in_place=False)
+    path = _save(tmp_path / "results", "alltoall", 4, in_place=False)
+    recorded = json.loads(path.read_text())
+    for row in recorded["rows"]:
+        if row["size"] == 8:
+            row["size"] = 0                 # 8 B split among 4 ranks: nothing moves
+    path.write_text(json.dumps(recorded))
+    lines = tables.render(tables.tables(tmp_path / "results")).splitlines()
+    assert "| 8 B | 4.40 | 2.20 | 0.50 |  |  |  |" in lines
+    assert not any(line.startswith("| 0 B") for line in lines)
 
 
 def test_write_then_check_and_a_changed_number_fails(tmp_path, capsys):
