@@ -40,7 +40,7 @@ import ringtrain as rt
 import ringtrain.torch  # noqa: F401 (registers the "ringtrain" backend)
 import training_step
 
-SIZES = [8 * 4 ** k for k in range(13)] + [64 << 20]
+SIZES = [8 * 4 ** k for k in range(12)] + [64 << 20]
 """8 B, 32 B, ... 32 MiB, and 64 MiB."""
 WAYS = ("torch on ringtrain", "torch on gloo", "ringtrain.allreduce_")
 

@@ -23,6 +23,8 @@ VIEWED_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.f
                            torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
                            torch.bool})
 """The torch dtypes the collectives take (the others are refused on every rank)."""
+_NUMPY_VIEWED = VIEWED_DTYPES - {torch.bfloat16, torch.bool}
+"""Those whose tensors ``numpy()`` views as they are."""
 
 _RED = dist.ReduceOp.RedOpType
 
@@ -82,11 +84,15 @@ def operand(tensor: torch.Tensor, reduced: bool = False) -> Any:
     """What a ringtrain collective takes for ``tensor`` (see the module's docstring); a
     bool tensor that is ``reduced`` as uint8 (its values stay 0 and 1: the reductions of
     bools are Min and Max)."""
-    if tensor.is_cpu and tensor.dtype in VIEWED_DTYPES and tensor.is_contiguous():
-        if reduced and tensor.dtype is torch.bool:
+    dtype = tensor.dtype
+    if dtype in _NUMPY_VIEWED and tensor.is_cpu and tensor.is_contiguous() \
+            and not tensor.requires_grad:  # the common case, in the fewest steps
+        return tensor.numpy()
+    if tensor.is_cpu and dtype in VIEWED_DTYPES and tensor.is_contiguous():
+        if reduced and dtype is torch.bool:
             tensor = tensor.view(torch.uint8)
         return torch_view(tensor, "torch.distributed", None)
-    if reduced and tensor.dtype is torch.bool:
+    if reduced and dtype is torch.bool:
         return tensor.view(torch.uint8)
     return tensor
 

@@ -67,6 +67,7 @@ class ProcessGroupRingtrain(dist.ProcessGroup):
         self._world_ranks = process_set.ranks
         self._group_name = ""
         self._group_desc = ""
+        self._blocking_done = CompletedWork([])
 
     @property
     def process_set(self) -> ProcessSet:
@@ -122,8 +123,9 @@ class ProcessGroupRingtrain(dist.ProcessGroup):
     # ------------------------------------------------------------------ reductions
 
     def allreduce(self, tensors: Tensors, opts: Any = None) -> dist.Work:
-        if opts is not None and not opts.asyncOp:  # the common blocking call, in fewest steps
-            return CompletedWork(self._allreduce(tensors, opts.reduceOp))
+        if opts is not None and not opts.asyncOp and len(tensors) == 1:  # the common call
+            self._reduce_in_place(tensors[0], reduction(opts.reduceOp, tensors[0].dtype))
+            return self._blocking_done.holding(tensors)
         opts = _options(opts, c10d.AllreduceOptions)
         return self._run(opts, "allreduce", self._allreduce, tensors, opts.reduceOp)
 
