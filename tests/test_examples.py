@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 
 import pytest
@@ -50,41 +51,72 @@ MIN_ACCURACY["load_balance"] = 0.5
 REQUIRES["load_balance"] = "torch"
 
 
-def run_example(example: str, nprocs: int, *extra: str) -> str:
-    module = REQUIRES.get(example)
-    if module is not None and importlib.util.find_spec(module) is None:
-        pytest.skip(f"{example} needs {module}")
-    output = run_mpi("example", nprocs, example, *ARGUMENTS.get(example, []), *extra,
-                     timeout=120)
-    assert f"{nprocs} ranks:" in output, output
-    if example in MIN_ACCURACY:
-        found = re.search(rf"(?<!\d){nprocs} ranks: final accuracy (\d+\.\d+)", output)
-        assert found, f"no final accuracy in the output:\n{output}"
-        accuracy = float(found.group(1))
-        assert accuracy > MIN_ACCURACY[example], \
-            f"{example} did not learn: accuracy {accuracy} <= {MIN_ACCURACY[example]}\n{output}"
-    return output
-
-
 # The examples of features whose own test programs run at 1 to 4 ranks: an even and an
 # odd number of ranks here (the suite's time matters more than a third run).
 NPROCS = {"kvstore_async": [2, 3], "pipeline_parallel": [2, 3], "pruning": [2, 3],
           "load_balance": [2, 3]}
 
+DEFAULT_RUNS = [(example, nprocs, ()) for example in EXAMPLES
+                for nprocs in NPROCS.get(example, [1, 2, 3])]
+OPTION_RUNS = [
+    # One allreduce per gradient, started by mark_ready while backward runs; fp16 on the wire.
+    ("numpy_mlp", 3, ("--compression", "fp16", "--fusion-threshold", "0")),
+    ("pytorch_mlp", 2, ("--compression", "bf16", "--fusion-threshold", "4096")),
+    ("numpy_mlp", 2, ("--progress", "always")),
+    ("pipeline_parallel", 4, ("--stages", "2", "--schedule", "gpipe")),
+]
+HOROVOD_RUNS = [("horovod_style", 2, ("--fp16-allreduce",)),
+                ("horovod_style", 3, ("--batches-per-allreduce", "2"))]
+KVSTORE_RUNS = [("kvstore_async", 3, ("--mode", "dist_async")),
+                ("kvstore_async", 2, ("--mode", "dist_sync"))]
+RUNS = DEFAULT_RUNS + OPTION_RUNS + HOROVOD_RUNS + KVSTORE_RUNS
+"""Every run of an example the tests make: those of one number of ranks share a launch
+(tests/mpi/examples.py), most of a run being the start of its processes."""
 
-@pytest.mark.parametrize("example, nprocs", [(example, nprocs) for example in EXAMPLES
-                                             for nprocs in NPROCS.get(example, [1, 2, 3])])
+_LAUNCHES: dict[int, str] = {}
+
+
+def _runnable(example: str) -> bool:
+    module = REQUIRES.get(example)
+    return module is None or importlib.util.find_spec(module) is not None
+
+
+def _section(output: str, index: int) -> str | None:
+    """What run ``index`` of a launch printed, or None where it did not finish."""
+    found = re.search(rf"(?s)##### example {index}: [^\n]*#####\n(.*?)"
+                      rf"##### end of example {index} #####", output)
+    return None if found is None else found.group(1)
+
+
+def run_example(example: str, nprocs: int, *extra: str) -> str:
+    """The output of ``example`` with its tiny ``ARGUMENTS`` and ``extra`` at ``nprocs``
+    ranks, run in the launch of every run of :data:`RUNS` at ``nprocs`` ranks."""
+    if not _runnable(example):
+        pytest.skip(f"{example} needs {REQUIRES[example]}")
+    runs = [(name, [*ARGUMENTS.get(name, []), *options])
+            for name, ranks, options in RUNS if ranks == nprocs and _runnable(name)]
+    if nprocs not in _LAUNCHES:
+        _LAUNCHES[nprocs] = run_mpi("examples", nprocs, json.dumps(runs),
+                                    timeout=120 * len(runs))
+    output = _LAUNCHES[nprocs]
+    section = _section(output, runs.index((example, [*ARGUMENTS.get(example, []), *extra])))
+    assert section is not None, f"{example} {' '.join(extra)} did not finish:\n{output}"
+    assert f"{nprocs} ranks:" in section, section
+    if example in MIN_ACCURACY:
+        found = re.search(rf"(?<!\d){nprocs} ranks: final accuracy (\d+\.\d+)", section)
+        assert found, f"no final accuracy in the output:\n{section}"
+        accuracy = float(found.group(1))
+        assert accuracy > MIN_ACCURACY[example], \
+            f"{example} did not learn: accuracy {accuracy} <= {MIN_ACCURACY[example]}\n{section}"
+    return section
+
+
+@pytest.mark.parametrize("example, nprocs", [(e, n) for e, n, _ in DEFAULT_RUNS])
 def test_example_runs(example, nprocs):
     run_example(example, nprocs)
 
 
-@pytest.mark.parametrize("example, nprocs, options", [
-    # One allreduce per gradient, started by mark_ready while backward runs; fp16 on the wire.
-    ("numpy_mlp", 3, ["--compression", "fp16", "--fusion-threshold", "0"]),
-    ("pytorch_mlp", 2, ["--compression", "bf16", "--fusion-threshold", "4096"]),
-    ("numpy_mlp", 2, ["--progress", "always"]),
-    ("pipeline_parallel", 4, ["--stages", "2", "--schedule", "gpipe"]),
-])
+@pytest.mark.parametrize("example, nprocs, options", OPTION_RUNS)
 def test_training_example_options(example, nprocs, options):
     output = run_example(example, nprocs, *options)
     if "--compression" in options:
@@ -93,17 +125,14 @@ def test_training_example_options(example, nprocs, options):
         assert "\r" in output and "] " in output, output  # the bar, redrawn in place
 
 
-@pytest.mark.parametrize("nprocs, options", [
-    (2, ["--fp16-allreduce"]),
-    (3, ["--batches-per-allreduce", "2"]),
-])
+@pytest.mark.parametrize("nprocs, options", [(n, o) for _, n, o in HOROVOD_RUNS])
 def test_horovod_style_example_options(nprocs, options):
     output = run_example("horovod_style", nprocs, *options)
     if "--fp16-allreduce" in options:
         assert "compression fp16" in output, output
 
 
-@pytest.mark.parametrize("nprocs, mode", [(3, "dist_async"), (2, "dist_sync")])
+@pytest.mark.parametrize("nprocs, mode", [(n, o[1]) for _, n, o in KVSTORE_RUNS])
 def test_kvstore_example_learns_and_reports_each_worker(nprocs, mode):
     """The loss starts near 64 (the teacher's squared norm); the noise alone gives 0.01."""
     output = run_example("kvstore_async", nprocs, "--mode", mode)
