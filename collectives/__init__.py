@@ -10,23 +10,23 @@ from ._allreduce import (allreduce, allreduce_, allreduce_async, allreduce_async
                          grouped_allreduce_async_)
 from ._alltoall import alltoall, alltoall_async
 from ._broadcast import broadcast, broadcast_, broadcast_async, broadcast_async_
-from ._calls import poll, synchronize
-from ._executor import Handle
 from ._join import join
 from ._objects import allgather_object, barrier, broadcast_object
-from ._ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
-from ._point_to_point import (ANY_SOURCE, RecvOp, SendOp, batch_isend_irecv, irecv, isend,
-                              recv, send, sendrecv)
-from ._process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from ._point_to_point import (ANY_SOURCE, RecvOp, SendOp, batch_isend_irecv, irecv, isend, recv,
+                              send, sendrecv)
 from ._reducescatter import reducescatter, reducescatter_async
-from ._world import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
-                     rank, shutdown, size)
+from .base._executor import Handle
+from .base._ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from .calls._calls import poll, synchronize
 from .config import ALGORITHMS, Settings, configure, current_settings
+from .errors import (CommunicationError, InvalidArgumentError, MessageMismatchError, MismatchError,
+                     NonFiniteWarning, NotInitializedError, RingtrainError, UnsupportedDtypeError,
+                     UsageError)
 from .logs import set_log_level
 from .timeline import start_timeline, stop_timeline
-from .errors import (CommunicationError, InvalidArgumentError, MessageMismatchError,
-                     MismatchError, NonFiniteWarning, NotInitializedError, RingtrainError,
-                     UnsupportedDtypeError, UsageError)
+from .world._process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .world._world import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
+                           rank, shutdown, size)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",

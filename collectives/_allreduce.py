@@ -10,17 +10,17 @@ from typing import Any
 import numpy as np
 
 from ..kernels import Compression, Compressor
-from ._allreduce_run import reduce_grouped, reduce_planned
-from ._buffers import device_tensor, results_like, returns_itself
-from ._calls import collective_call, run_validated
-from ._checks import flat, in_place_array, input_array
-from ._executor import Handle
-from ._placement import memory_for
-from ._ops import ReduceOp
-from ._plans import GroupedCall, allreduce_plan, kept_allreduce_plan
-from ._process_sets import ProcessSet
-from ._result_pool import RESULTS
+from .base._buffers import device_tensor, results_like, returns_itself
+from .base._checks import flat, in_place_array, input_array
+from .base._executor import Handle
+from .base._ops import ReduceOp
+from .base._result_pool import RESULTS
+from .calls._allreduce_run import reduce_grouped, reduce_planned
+from .calls._calls import collective_call, run_validated
+from .calls._plans import GroupedCall, allreduce_plan, kept_allreduce_plan
 from .errors import InvalidArgumentError, subject
+from .memory._placement import memory_for
+from .world._process_sets import ProcessSet
 
 
 def allreduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | None = None,

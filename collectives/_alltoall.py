@@ -10,24 +10,26 @@ from typing import Any
 
 import numpy as np
 
-from . import _native, _pairwise, timeline
-from ._agreement import BYTES, Call, CarriedGather, CheckedCollective, agree, \
-    checked_collective
-from ._buffers import device_tensor, results_like
-from ._calls import collective_call, run_validated
-from ._checks import byte_view, check_splits, check_splittable, flat, input_array
-from ._compiled_exchange import ALLTOALL, MAILBOX_ALLTOALL
-from ._executor import Handle
-from ._group import Group
-from ._mailboxes import mailboxes_of
-from ._memory import AWARE, HOST, goes_direct
-from ._placement import memory_for, staged
-from ._plan_cache import PlanCache
-from ._ops import COPY_DTYPES, check_dtype
-from ._process_sets import ProcessSet, resolve_group
-from ._selection import auto_choice, requested
-from ._topology import layout_of
+from . import timeline
+from .agreement._agreement import (BYTES, Call, CarriedGather, CheckedCollective, agree,
+                                   checked_collective)
+from .algorithms import _native
+from .algorithms._selection import auto_choice, requested
+from .base._buffers import device_tensor, results_like
+from .base._checks import byte_view, check_splits, check_splittable, flat, input_array
+from .base._executor import Handle
+from .base._group import Group
+from .base._ops import COPY_DTYPES, check_dtype
+from .calls._calls import collective_call, run_validated
 from .config import Settings, current_settings
+from .memory._memory import AWARE, HOST, goes_direct
+from .memory._placement import memory_for, staged
+from .transport import _pairwise
+from .transport._compiled_exchange import ALLTOALL, MAILBOX_ALLTOALL
+from .transport._mailboxes import mailboxes_of
+from .world._plan_cache import PlanCache
+from .world._process_sets import ProcessSet, resolve_group
+from .world._topology import layout_of
 
 
 def alltoall(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = None,

@@ -7,23 +7,24 @@ from typing import Any
 
 import numpy as np
 
-from . import _broadcast_algorithms, _hierarchical, _native, timeline
-from ._agreement import (BYTES, PAYLOAD_CAPACITY, Call, CarriedBroadcast, CheckedCollective,
-                         agree, checked_collective)
-from ._compiled_exchange import BROADCAST
-from ._buffers import device_tensor, results_like, returns_itself
-from ._calls import collective_call, run_validated
-from ._checks import byte_view, flat, in_place_array, input_array, root_in_group
-from ._executor import Handle
-from ._group import Group
-from ._memory import AWARE, HOST, HostMemory, goes_direct
-from ._placement import memory_for, staged
-from ._plan_cache import PlanCache
-from ._ops import COPY_DTYPES, check_dtype
-from ._process_sets import ProcessSet, resolve_group
-from ._selection import broadcast_algorithm
-from ._topology import NodeLayout, hierarchy_for, layout_of
+from . import timeline
+from .agreement._agreement import (BYTES, PAYLOAD_CAPACITY, Call, CarriedBroadcast,
+                                   CheckedCollective, agree, checked_collective)
+from .algorithms import _broadcast_algorithms, _hierarchical, _native
+from .algorithms._selection import broadcast_algorithm
+from .base._buffers import device_tensor, results_like, returns_itself
+from .base._checks import byte_view, flat, in_place_array, input_array, root_in_group
+from .base._executor import Handle
+from .base._group import Group
+from .base._ops import COPY_DTYPES, check_dtype
+from .calls._calls import collective_call, run_validated
 from .config import current_settings
+from .memory._memory import AWARE, HOST, HostMemory, goes_direct
+from .memory._placement import memory_for, staged
+from .transport._compiled_exchange import BROADCAST
+from .world._plan_cache import PlanCache
+from .world._process_sets import ProcessSet, resolve_group
+from .world._topology import NodeLayout, hierarchy_for, layout_of
 
 
 def broadcast(tensor: np.ndarray, root_rank: int, name: str | None = None,

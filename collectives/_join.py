@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 
 from ..kernels.compression import Compression
-from ._agreement import Call, agree, agree_joined, resolve
 from ._allreduce import prepare, prepare_grouped
-from ._calls import execute
-from ._group import Group
-from ._world import world
+from .agreement._agreement import Call, agree, agree_joined, resolve
+from .base._group import Group
+from .calls._calls import execute
+from .world._world import world
 
 _COMPRESSORS = {c.name: c for c in (Compression.none, Compression.fp16, Compression.bf16)}
 

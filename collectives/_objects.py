@@ -8,14 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from ._agreement import Call, agree
 from ._allgather import gather_rows
 from ._broadcast import broadcast_bytes
-from ._checks import root_in_group
-from ._calls import execute
-from ._process_sets import ProcessSet, resolve_group
-from ._selection import broadcast_algorithm
+from .agreement._agreement import Call, agree
+from .algorithms._selection import broadcast_algorithm
+from .base._checks import root_in_group
+from .calls._calls import execute
 from .config import current_settings
+from .world._process_sets import ProcessSet, resolve_group
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,

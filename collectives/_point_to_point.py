@@ -18,21 +18,20 @@ from typing import Any, TypeVar
 import numpy as np
 from mpi4py import MPI
 
-from ._buffers import DeviceTensor, device_tensor, is_torch_tensor, torch_from_host, \
-    torch_view
-from ._checks import in_place_array, input_array
-from ._executor import Handle
-from ._group import Group
-from ._ops import COPY_DTYPES, check_dtype
-from ._p2p_channels import Channels, channels_of
-from ._p2p_engine import ENGINE, Outcome, PeerHandle
-from ._p2p_header import Expectation, Header
-from ._p2p_plans import ReceivePlan, SendPlan
-from ._p2p_protocol import Operation, ReceiveOperation, SendOperation
-from ._plan_cache import PlanCache
-from ._process_sets import ProcessSet, resolve_group
+from .base._buffers import DeviceTensor, device_tensor, is_torch_tensor, torch_from_host, torch_view
+from .base._checks import in_place_array, input_array
+from .base._executor import Handle
+from .base._group import Group
+from .base._ops import COPY_DTYPES, check_dtype
 from .config import current_settings
 from .errors import InvalidArgumentError, UnsupportedDtypeError, subject
+from .p2p._p2p_engine import ENGINE, Outcome, PeerHandle
+from .p2p._p2p_header import Expectation, Header
+from .p2p._p2p_plans import ReceivePlan, SendPlan
+from .p2p._p2p_protocol import Operation, ReceiveOperation, SendOperation
+from .transport._p2p_channels import Channels, channels_of
+from .world._plan_cache import PlanCache
+from .world._process_sets import ProcessSet, resolve_group
 
 
 ANY_SOURCE = -1
@@ -345,8 +344,8 @@ def _new_array(header: Header) -> np.ndarray:
 def _new_result(like: Any, on_device: DeviceTensor | None) -> Any:
     if on_device is not None:
         def to_device(array: np.ndarray) -> Any:
-            from ._staging import to_device as copy_up  # loads numba.cuda: device only
-            from ._buffers import results_like
+            from .memory._staging import to_device as copy_up  # loads numba.cuda: device only
+            from .base._buffers import results_like
             restore = results_like(like)
             result = copy_up(on_device, array)
             return result if restore is None else restore(result)

@@ -12,29 +12,31 @@ import numpy as np
 from ..kernels import Compression, Compressor, abs_max, encoding_of, reducer
 from ..kernels.host import scale_into
 from ..kernels.reduction import Combine
-from . import _hierarchical, _native, _recursive_doubling, _ring, timeline
-from ._agreement import (PAYLOAD_CAPACITY, Call, CarriedReduction, CheckedCollective,
-                         agree, checked_collective, checked_ring)
-from ._compiled_exchange import REDUCE_SCATTER
-from ._allreduce_run import warn_nonfinite
-from ._buffers import device_tensor, results_like
-from ._calls import collective_call, run_validated
-from ._checks import (active_compressor, check_compression, check_reduction, check_splits,
-                      check_splittable, flat, input_array)
-from ._finishing import Finisher, finisher
-from ._executor import Handle
-from ._memory import AWARE, HOST, goes_direct
-from ._native import MPI_OPS
-from ._placement import memory_for, staged
-from ._plan_cache import PlanCache
-from ._ops import ReduceOp, resolve_op
-from ._process_sets import ProcessSet, resolve_group
-from ._result_pool import RESULTS
-from ._group import Group
-from ._selection import reducescatter_algorithm
-from ._topology import NodeLayout, hierarchy_for, layout_of
+from . import timeline
+from .agreement._agreement import (PAYLOAD_CAPACITY, Call, CarriedReduction, CheckedCollective,
+                                   agree, checked_collective, checked_ring)
+from .algorithms import _hierarchical, _native, _ring
+from .algorithms._native import MPI_OPS
+from .algorithms._selection import reducescatter_algorithm
+from .base._buffers import device_tensor, results_like
+from .base._checks import (active_compressor, check_compression, check_reduction, check_splits,
+                           check_splittable, flat, input_array)
+from .base._executor import Handle
+from .base._finishing import Finisher, finisher
+from .base._group import Group
+from .base._ops import ReduceOp, resolve_op
+from .base._result_pool import RESULTS
+from .calls._allreduce_run import warn_nonfinite
+from .calls._calls import collective_call, run_validated
 from .config import current_settings
 from .errors import InvalidArgumentError, subject
+from .memory._memory import AWARE, HOST, goes_direct
+from .memory._placement import memory_for, staged
+from .transport import _recursive_doubling
+from .transport._compiled_exchange import REDUCE_SCATTER
+from .world._plan_cache import PlanCache
+from .world._process_sets import ProcessSet, resolve_group
+from .world._topology import NodeLayout, hierarchy_for, layout_of
 
 
 def reducescatter(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | None = None,

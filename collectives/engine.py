@@ -30,18 +30,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ContextManager
 
-from ._allreduce_run import reduce_fused, reduce_planned
-from ._buffers import DeviceTensor, device_tensor, is_torch_tensor, torch_from_host, torch_view
-from ._calls import execute
-from ._executor import Handle
-from ._memory import STAGED
-from ._placement import memory_for
 from ._objects import end_of_sequence
-from ._ops import COPY_DTYPES
-from ._plans import AllreducePlan, allreduce_plan
-from ._process_sets import ProcessSet, resolve_group
-from ._tracing import phase
-from ._world import world
+from .base._buffers import DeviceTensor, device_tensor, is_torch_tensor, torch_from_host, torch_view
+from .base._executor import Handle
+from .base._ops import COPY_DTYPES
+from .base._tracing import phase
+from .calls._allreduce_run import reduce_fused, reduce_planned
+from .calls._calls import execute
+from .calls._plans import AllreducePlan, allreduce_plan
+from .memory._memory import STAGED
+from .memory._placement import memory_for
+from .world._process_sets import ProcessSet, resolve_group
+from .world._world import world
 
 __all__ = [
     "AllreducePlan", "COPY_DTYPES", "DeviceTensor", "Handle", "allreduce_plan",

@@ -23,7 +23,7 @@ import logging
 import sys
 
 from ..variables import LOG_LEVEL, LOG_LEVELS, parse_log_level
-from ._activity import Entry
+from .base._activity import Entry
 
 LOGGER = logging.getLogger("ringtrain")
 LOG_LEVEL_VARIABLE = LOG_LEVEL.name

@@ -404,8 +404,8 @@ def choose(collective: str, nbytes: int, group_size: int, settings: Settings) ->
 
 def tuned_choice(collective: str, nbytes: int, group_size: int) -> str | None:
     """The tuned table's algorithm, or None where it has none."""
-    found = None if _installed is None else pick(_installed.ranges(collective, group_size),
-                                                  nbytes)
+    found = None if _installed is None else \
+        pick(_installed.ranges(collective, group_size), nbytes)
     return None if found is None else found.algorithm
 
 

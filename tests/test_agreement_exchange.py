@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from ringtrain.collectives._compiled_exchange import compiled_exchange, payload_code
-from ringtrain.collectives._native_calls import call_c, load_mpi_functions
+from ringtrain.collectives.transport._compiled_exchange import compiled_exchange, payload_code
+from ringtrain.collectives.transport._native_calls import call_c, load_mpi_functions
 from ringtrain.kernels import BFLOAT16, reducer
 
 
@@ -87,7 +87,7 @@ import numpy as np
 from mpi4py import MPI
 from numba.core.errors import NumbaWarning
 warnings.simplefilter("error", NumbaWarning)
-from ringtrain.collectives._compiled_exchange import (HEADERS, PAYLOADS, compiled_exchange,
+from ringtrain.collectives.transport._compiled_exchange import (HEADERS, PAYLOADS, compiled_exchange,
                                                       payload_code)
 alone = SimpleNamespace(state={}, rank=0, size=1, comm=MPI.COMM_WORLD)
 exchange = compiled_exchange(alone, 16, 40)
@@ -101,7 +101,7 @@ for dtype in (np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32, np.
     reduce = exchange.reduction(message, 48, receive, payload_code(np.dtype(dtype), np.add))
     assert reduce(header, np.ones(3, dtype), values, values) == 0
 # The mailboxes' steps (the exchange above compiled them for a group without them).
-from ringtrain.collectives._mailboxes import (box_words, mailbox_receive, mailbox_send,
+from ringtrain.collectives.transport._mailboxes import (box_words, mailbox_receive, mailbox_send,
                                               new_counters)
 boxes, counters = np.zeros(box_words(1), np.int64), new_counters(0, 1)
 mailbox_send(boxes, counters, 0, message, 8, 0)
@@ -109,9 +109,9 @@ mailbox_receive(boxes, counters, 0, receive, 0)
 # The point-to-point steps, compiled for the arguments they are given (a header template
 # and an expected header are read-only bytes).
 import numba
-from ringtrain.collectives import _p2p_compiled as steps
-from ringtrain.collectives._native_calls import load_mpi_functions
-from ringtrain.collectives._p2p_header import expected_header, header_template
+from ringtrain.collectives.p2p import _p2p_compiled as steps
+from ringtrain.collectives.transport._native_calls import load_mpi_functions
+from ringtrain.collectives.p2p._p2p_header import expected_header, header_template
 work, data = np.zeros(steps.AREA_BYTES + 1024, np.uint8), np.zeros(8, np.uint8)
 handles = np.zeros(3, load_mpi_functions()[0].handle_dtype)
 template = header_template(True, np.dtype(np.uint8), (8,), None)

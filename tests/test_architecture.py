@@ -162,6 +162,48 @@ def test_the_kvstore_is_a_front_end_of_its_own() -> None:
     assert not importers, f"modules importing ringtrain.kvstore: {importers}"
 
 
+COLLECTIVES_LAYERS = ("base", "transport", "world", "algorithms", "agreement", "memory",
+                      "calls", "p2p")
+"""The collectives' layers, bottom up: each imports only those below it (and itself)."""
+PUBLIC_LEAVES = ("errors", "config", "logs", "timeline", "tuning", "cuda_aware", "gpu_choice")
+"""Modules at the top of the collectives' folder (public import paths) that belong to
+the base layer."""
+
+
+def collectives_layer(module: str) -> int | None:
+    """The layer of a module of the collectives (its index in ``COLLECTIVES_LAYERS``; the
+    public collective modules, the engine and the benchmarks above them all), or None
+    for a module outside the collectives."""
+    if not module.startswith("ringtrain.collectives"):
+        return None
+    parts = module.split(".")[2:]
+    if parts and parts[0] in COLLECTIVES_LAYERS:
+        return COLLECTIVES_LAYERS.index(parts[0])
+    if parts and parts[0] in PUBLIC_LEAVES:
+        return 0
+    return len(COLLECTIVES_LAYERS)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES
+                                          if m.startswith("ringtrain.collectives")))
+def test_the_collectives_layers_import_only_downwards(module: str) -> None:
+    own = collectives_layer(module)
+    upward = sorted(target for target in GRAPH[module]
+                    if (collectives_layer(target) or 0) > own)
+    assert not upward, (f"{module} (layer {own}) imports from layers above it: {upward}; "
+                        f"the order is {' -> '.join(COLLECTIVES_LAYERS)} -> public calls")
+
+
+def test_every_collectives_module_sits_in_a_layer() -> None:
+    """The folder holds the layers' packages, the public leaves, the public collective
+    modules (one per collective or family) and the engine: no other module at its top."""
+    top = sorted(m.rpartition(".")[2] for m in MODULES
+                 if m.count(".") == 2 and m.startswith("ringtrain.collectives."))
+    public_calls = {"_allgather", "_allreduce", "_alltoall", "_broadcast", "_join", "_objects",
+                    "_point_to_point", "_reducescatter", "engine", "bench"}
+    assert set(top) <= set(COLLECTIVES_LAYERS) | set(PUBLIC_LEAVES) | public_calls, top
+
+
 def test_the_torch_backend_is_a_front_end_of_its_own() -> None:
     """torch backend -> collectives -> kernels: it imports neither the trainer, the
     kvstore nor the launcher, and nothing in the library imports it."""

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from ringtrain.collectives import UnsupportedDtypeError
-from ringtrain.collectives._agreement import Call
-from ringtrain.collectives._buffers import results_like, returns_itself, torch_view
-from ringtrain.collectives._checks import (active_compressor, check_reduction, in_place_array,
+from ringtrain.collectives.agreement._agreement import Call
+from ringtrain.collectives.base._buffers import results_like, returns_itself, torch_view
+from ringtrain.collectives.base._checks import (active_compressor, check_reduction, in_place_array,
                                            input_array)
-from ringtrain.collectives._finishing import finisher
-from ringtrain.collectives._memory import HOST, MPI_CANNOT_REDUCE
-from ringtrain.collectives._ops import COPY_DTYPES, REDUCE_DTYPES, ReduceOp
+from ringtrain.collectives.base._finishing import finisher
+from ringtrain.collectives.memory._memory import HOST, MPI_CANNOT_REDUCE
+from ringtrain.collectives.base._ops import COPY_DTYPES, REDUCE_DTYPES, ReduceOp
 from ringtrain.collectives.bench import cases
 from ringtrain.collectives.bench.options import parse_options
 from ringtrain.kernels import BFLOAT16, Compression

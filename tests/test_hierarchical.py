@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from mpi_launch import ROOT, run_mpi
-from ringtrain.collectives._selection import (allreduce_algorithm, auto_choice,
+from ringtrain.collectives.algorithms._selection import (allreduce_algorithm, auto_choice,
                                               broadcast_algorithm, reducescatter_algorithm)
 from ringtrain.collectives import tuning
 from ringtrain.collectives.tuning import default_choice
-from ringtrain.collectives._topology import NodeLayout
+from ringtrain.collectives.world._topology import NodeLayout
 from ringtrain.collectives.config import Settings
 
 TIMEOUT = 240.0

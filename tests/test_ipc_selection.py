@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from ringtrain.collectives import InvalidArgumentError
-from ringtrain.collectives import _ipc, _ring
-from ringtrain.collectives._selection import (allreduce_algorithm, device_allreduce_algorithm,
+from ringtrain.collectives.algorithms import _ipc, _ring
+from ringtrain.collectives.algorithms._selection import (allreduce_algorithm, device_allreduce_algorithm,
                                               reduces_inside_nodes_on_gpus)
-from ringtrain.collectives._topology import NodeLayout
+from ringtrain.collectives.world._topology import NodeLayout
 from ringtrain.collectives.config import Settings
 from ringtrain.collectives.tuning import default_choice
 from ringtrain.kernels import ipc

@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from ringtrain.collectives._agreement import HEADER_BYTES, PAYLOAD_CAPACITY
-from ringtrain.collectives._mailboxes import (MESSAGE_BYTES, box_words, mailbox_receive,
+from ringtrain.collectives.agreement._agreement import HEADER_BYTES, PAYLOAD_CAPACITY
+from ringtrain.collectives.transport._mailboxes import (MESSAGE_BYTES, box_words, mailbox_receive,
                                               mailbox_send, new_counters)
 
 YIELD = ctypes.cast(ctypes.CDLL(None).sched_yield, ctypes.c_void_p).value

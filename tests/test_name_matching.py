@@ -1,9 +1,9 @@
 """The decision the ranks take when named calls reach them in different orders
-(collectives/_name_matching.py): the same on every rank, from the same gathered data."""
+(collectives/agreement/_name_matching.py): the same on every rank, from the same gathered data."""
 
 from __future__ import annotations
 
-from ringtrain.collectives._name_matching import WAIT, Order, choose, threads_hint
+from ringtrain.collectives.agreement._name_matching import WAIT, Order, choose, threads_hint
 
 
 def orders(*waiting, threads=False, waited=0.0, limit=30.0):

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from ringtrain.collectives._ops import COPY_DTYPES
-from ringtrain.collectives._p2p_channels import Channels
-from ringtrain.collectives._p2p_compiled import AREA_BYTES, _header_matches, \
+from ringtrain.collectives.base._ops import COPY_DTYPES
+from ringtrain.collectives.transport._p2p_channels import Channels
+from ringtrain.collectives.p2p._p2p_compiled import AREA_BYTES, _header_matches, \
     compiled_messages, fits
-from ringtrain.collectives._p2p_header import Expectation, Header, encode_header, \
+from ringtrain.collectives.p2p._p2p_header import Expectation, Header, encode_header, \
     expected_header, header_template
 from ringtrain.collectives.errors import CommunicationError, MessageMismatchError
 

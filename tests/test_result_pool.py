@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from ringtrain.collectives._result_pool import MIN_BYTES, ResultPool
+from ringtrain.collectives.base._result_pool import MIN_BYTES, ResultPool
 from ringtrain.kernels import BFLOAT16
 
 BYTE = np.dtype(np.uint8)

@@ -10,9 +10,9 @@ import warnings
 import pytest
 
 from ringtrain.collectives import MismatchError, tuning
-from ringtrain.collectives._selection import (allreduce_algorithm, auto_choice,
+from ringtrain.collectives.algorithms._selection import (allreduce_algorithm, auto_choice,
                                               broadcast_algorithm, reducescatter_algorithm)
-from ringtrain.collectives._tuning_load import Found, agree_on_table
+from ringtrain.collectives.world._tuning_load import Found, agree_on_table
 from ringtrain.collectives.bench.tune import candidates, ranges_of, tuned_sizes, winner
 from ringtrain.collectives.config import Settings
 from ringtrain.collectives.tuning import (Range, TableError, TuningTable, default_choice,

@@ -10,9 +10,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ringtrain.collectives import _plan_cache, _ring
-from ringtrain.collectives._executor import Executor, Handle
-from ringtrain.collectives._plan_cache import PlanCache
+from ringtrain.collectives.world import _plan_cache
+from ringtrain.collectives.algorithms import _ring
+from ringtrain.collectives.base._executor import Executor, Handle
+from ringtrain.collectives.world._plan_cache import PlanCache
 from ringtrain.collectives.errors import RingtrainError
 
 # --------------------------------------------------------------------------- chunk_bounds

@@ -41,9 +41,9 @@ from mpi4py import MPI
 
 import ringtrain as rt
 from ringtrain.collectives import _allgather, _alltoall, _broadcast
-from ringtrain.collectives._activity import ACTIVITY
-from ringtrain.collectives._checks import byte_view
-from ringtrain.collectives._result_pool import RESULTS
+from ringtrain.collectives.base._activity import ACTIVITY
+from ringtrain.collectives.base._checks import byte_view
+from ringtrain.collectives.base._result_pool import RESULTS
 
 
 def parse_arguments() -> argparse.Namespace:

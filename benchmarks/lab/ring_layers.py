@@ -31,8 +31,8 @@ import numpy as np
 from mpi4py import MPI
 
 import ringtrain as rt
-from ringtrain.collectives import _compiled_ring, _ring
-from ringtrain.collectives._world import world
+from ringtrain.collectives.algorithms import _compiled_ring, _ring
+from ringtrain.collectives.world._world import world
 from ringtrain.variables import parse_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/small_calls.py

@@ -30,10 +30,10 @@ from mpi4py import MPI
 from ... import collectives as rt
 from ...atomic_file import write_atomically
 from ...variables import ALGORITHMS, TUNING_FILE, tuning_file
-from .._topology import HIERARCHICAL, layout_of
-from .._world import world
-from .._tuning_load import job_key
 from ..tuning import TUNABLE, Range, TuningTable, default_choice
+from ..world._topology import HIERARCHICAL, layout_of
+from ..world._tuning_load import job_key
+from ..world._world import world
 from .cases import HOST, Case, Variant
 from .measure import modes_of, time_calls
 from .options import NATIVE, Options, add_size_arguments, parsed_sizes, size_argument

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from ringtrain.collectives import InvalidArgumentError
-from ringtrain.collectives._buffers import TorchBfloat16Memory, device_tensor
-from ringtrain.collectives._device_memory import MPIMemory
-from ringtrain.collectives._staging import PinnedPool, host_array, to_device
+from ringtrain.collectives.base._buffers import TorchBfloat16Memory, device_tensor
+from ringtrain.collectives.memory._device_memory import MPIMemory
+from ringtrain.collectives.memory._staging import PinnedPool, host_array, to_device
 from ringtrain.kernels import BFLOAT16
 
 

@@ -12,11 +12,11 @@ import ml_dtypes
 import numpy as np
 
 import ringtrain as rt
-from ringtrain.collectives._agreement import _buffers_of
-from ringtrain.collectives._mailboxes import mailboxes_of
+from ringtrain.collectives.agreement._agreement import _buffers_of
+from ringtrain.collectives.transport._mailboxes import mailboxes_of
 from ringtrain.collectives.engine import allreduce_plan, reduce_planned
-from ringtrain.collectives._ring import allreduce as python_ring
-from ringtrain.collectives._world import world
+from ringtrain.collectives.algorithms._ring import allreduce as python_ring
+from ringtrain.collectives.world._world import world
 from _harness import (FLOAT_DTYPES, INT_DTYPES, OPS, REDUCE_DTYPES, WORLD, Digests,
                       adasum_reference, all_inputs, assert_equal_arrays, assert_reduced, check,
                       configured, expect_raises, main, make_input, noncontiguous_views,
@@ -411,7 +411,7 @@ EXCHANGE_OPS = [rt.Sum, rt.Min, rt.Max, rt.Product]
 @contextlib.contextmanager
 def python_exchange(on_this_rank: bool = True):
     """The agreement's exchange in Python on this rank for the block, if asked; the
-    compiled one otherwise (see collectives/_compiled_exchange.py)."""
+    compiled one otherwise (see collectives/transport/_compiled_exchange.py)."""
     buffers = _buffers_of(world().group)
     compiled = buffers.compiled
     assert compiled is not None, "the compiled exchange is off"

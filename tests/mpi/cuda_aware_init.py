@@ -2,7 +2,7 @@
 RINGTRAIN_LOG_LEVEL=INFO)."""
 
 import ringtrain as rt
-from ringtrain.collectives._world import world
+from ringtrain.collectives.world._world import world
 
 rt.init()
 print(f"rank {rt.rank()} decided {world().cuda_aware}", flush=True)

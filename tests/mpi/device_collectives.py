@@ -164,7 +164,7 @@ def allreduce_matches_host_arrays():
 def allreduce_long_enough_to_pipeline():
     """More bytes than one segment of the copy pipeline (segments are shrunk here): each
     segment is reduced on its own, so the bits may differ from one host call's."""
-    from ringtrain.collectives import _staging
+    from ringtrain.collectives.memory import _staging
     ranks, me = range(rt.size()), rt.rank()
     digests = Digests()
     saved = _staging.PIPELINE_BYTES
@@ -362,8 +362,8 @@ def ipc_buffers_grow_and_are_mapped_once():
     """Each group maps its peers' buffers once; a larger call grows every rank's buffer
     (handles exchanged again) and the results keep the ring's bits; ``algorithm="ipc"``
     is refused for host arrays."""
-    from ringtrain.collectives import _ipc
-    from ringtrain.collectives._process_sets import resolve_group
+    from ringtrain.collectives.algorithms import _ipc
+    from ringtrain.collectives.world._process_sets import resolve_group
     kind, (down, up, _) = next(iter(KINDS.items()))
     process_set = rt.add_process_set(list(range(rt.size())))
     saved = _ipc.GRANULE
@@ -444,8 +444,8 @@ def hierarchical_reduces_inside_nodes_on_the_gpus():
 def ipc_refused_by_one_rank_falls_back_on_every_rank():
     """A rank that cannot map a peer's buffer makes the whole group reduce through host
     memory, with the same results, and says which rank and why."""
-    from ringtrain.collectives import _ipc
-    from ringtrain.collectives._process_sets import resolve_group
+    from ringtrain.collectives.algorithms import _ipc
+    from ringtrain.collectives.world._process_sets import resolve_group
     from ringtrain.kernels import ipc
     kind, (down, up, _) = next(iter(KINDS.items()))
     process_set = rt.add_process_set(list(range(rt.size())))
@@ -474,9 +474,9 @@ def ipc_refused_by_one_rank_falls_back_on_every_rank():
 def hierarchical_refused_on_one_node_goes_through_host_memory_everywhere():
     """A node whose ranks cannot share device memory makes every node's ranks take the
     hierarchical allreduce through host memory, with the same bits."""
-    from ringtrain.collectives import _ipc
-    from ringtrain.collectives._process_sets import resolve_group
-    from ringtrain.collectives._topology import hierarchy_for, layout_of
+    from ringtrain.collectives.algorithms import _ipc
+    from ringtrain.collectives.world._process_sets import resolve_group
+    from ringtrain.collectives.world._topology import hierarchy_for, layout_of
     from ringtrain.kernels import ipc
     kind, (down, up, _) = next(iter(KINDS.items()))
     process_set = rt.add_process_set(list(range(4)))
@@ -560,7 +560,7 @@ def joined_rank_takes_part_with_device_zeros():
     """A rank that joined replays the others' device calls the way they travel (here in
     several pipeline segments)."""
     import ringtrain.collectives as rtc
-    from ringtrain.collectives import _staging
+    from ringtrain.collectives.memory import _staging
     k, me = rt.size(), rt.rank()
     saved = _staging.PIPELINE_BYTES
     _staging.PIPELINE_BYTES = 4096

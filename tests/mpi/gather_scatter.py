@@ -10,12 +10,12 @@ import numpy as np
 import ringtrain as rt
 from ringtrain.collectives._allgather import _AllgatherPlan
 from ringtrain.collectives._alltoall import _AlltoallPlan
-from ringtrain.collectives._mailboxes import MESSAGE_BYTES
+from ringtrain.collectives.transport._mailboxes import MESSAGE_BYTES
 from ringtrain.collectives._reducescatter import _ReducescatterPlan
-from ringtrain.collectives._ring import reduce_scatter as python_reduce_scatter
-from ringtrain.collectives._selection import auto_choice
-from ringtrain.collectives._topology import layout_of
-from ringtrain.collectives._world import world
+from ringtrain.collectives.algorithms._ring import reduce_scatter as python_reduce_scatter
+from ringtrain.collectives.algorithms._selection import auto_choice
+from ringtrain.collectives.world._topology import layout_of
+from ringtrain.collectives.world._world import world
 from _harness import (COPY_DTYPES, OPS, REDUCE_DTYPES, WORLD, assert_equal_arrays,
                       assert_reduced, check, configured, expect_raises, main, make_input,
                       reduce_reference)

@@ -16,8 +16,8 @@ import ringtrain as rt
 from ringtrain.collectives._allgather import _PLANS as ALLGATHER_PLANS
 from ringtrain.collectives._allreduce import allreduce_plan
 from ringtrain.collectives._reducescatter import _PLANS as REDUCESCATTER_PLANS
-from ringtrain.collectives._topology import layout_of
-from ringtrain.collectives._world import world
+from ringtrain.collectives.world._topology import layout_of
+from ringtrain.collectives.world._world import world
 from ringtrain.collectives.tuning import default_choice
 from _harness import (COPY_DTYPES, OPS, REDUCE_DTYPES, Digests, all_inputs, assert_equal_arrays,
                       assert_reduced, check, configured, expect_raises, log, main, make_input,

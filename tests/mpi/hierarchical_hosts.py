@@ -17,8 +17,8 @@ import numpy as np
 from mpi4py import MPI
 
 import ringtrain as rt
-from ringtrain.collectives._topology import layout_of
-from ringtrain.collectives._world import world
+from ringtrain.collectives.world._topology import layout_of
+from ringtrain.collectives.world._world import world
 from _harness import check, log, main
 
 COUNTER = Path("/sys/class/net/eth0/statistics/tx_bytes")

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 import ringtrain as rt
-from ringtrain.collectives import _p2p_protocol, _point_to_point
+from ringtrain.collectives.p2p import _p2p_protocol
+from ringtrain.collectives import _point_to_point
 from ringtrain.kernels import BFLOAT16
 from _harness import (COPY_DTYPES, WORLD, assert_equal_arrays, check, expect_raises, main,
                       make_input)
@@ -108,8 +109,8 @@ def blocking_send_and_recv():
 @contextlib.contextmanager
 def python_steps(on_this_rank: bool):
     """Blocking messages take the Python steps on this rank for the block, if asked; the
-    compiled ones otherwise (see collectives/_p2p_compiled.py). Yields a list that says,
-    for each message (or kept plan, collectives/_p2p_plans.py) that could take the
+    compiled ones otherwise (see collectives/p2p/_p2p_compiled.py). Yields a list that says,
+    for each message (or kept plan, collectives/p2p/_p2p_plans.py) that could take the
     compiled steps, whether it did."""
     compiled_messages = _p2p_protocol.compiled_messages
     taken: list[bool] = []

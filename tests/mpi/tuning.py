@@ -19,10 +19,12 @@ import numpy as np
 from mpi4py import MPI
 
 import ringtrain as rt
-from ringtrain.collectives import _broadcast_algorithms, _native, _pairwise, _ring, tuning
-from ringtrain.collectives._agreement import CheckedCollective
+from ringtrain.collectives.algorithms import _broadcast_algorithms, _native, _ring
+from ringtrain.collectives.transport import _pairwise
+from ringtrain.collectives import tuning
+from ringtrain.collectives.agreement._agreement import CheckedCollective
 from ringtrain.collectives._allreduce import allreduce_plan
-from ringtrain.collectives._world import world
+from ringtrain.collectives.world._world import world
 from ringtrain.collectives.bench import tune
 from ringtrain.collectives.tuning import Range, TuningTable, default_choice, key_of, parse_table
 from ringtrain.variables import TUNING_FILE

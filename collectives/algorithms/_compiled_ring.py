@@ -1,0 +1,241 @@
+"""The ring allreduce and reduce-scatter of :mod:`._ring` in machine code, checked by
+the agreement in the same compiled call.
+
+The schedule, segments, tags and the rule that each element is reduced on one rank
+are :mod:`._ring`'s, so the result is the same and bit-identical on every rank; only
+the Python between the steps is gone. That Python costs more than its microseconds in a
+warm loop suggest: each segment's transfer sweeps the caches, and every interpreter step
+after it misses (docs/lab/2026-11-26-the-ring-in-compiled-code.md measures it).
+
+Host arrays of the dtypes the compiled exchange combines (:func:`payload_code`),
+uncompressed; the Python ring serves the rest, and any call a timeline records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+from mpi4py import MPI
+
+from ..base._finishing import Finisher
+from ..base._group import Group
+from ..transport._compiled_exchange import (HEADERS_IF_DIFFERENT, CompiledExchange, agreed,
+                                            payload_code, pick)
+from ..transport._native_calls import MpiFunctions, call_c, mpi_functions
+from ._ring import ALLGATHER_TAG, REDUCE_SCATTER_TAG, chunk_bounds
+
+# Words of a ring's description (int64): where this rank's finished chunk goes in the
+# result, whether the chunks are then gathered (an allreduce) or not (a reduce-scatter);
+# the chunk bounds (size + 1 words), then room for an MPI_Status, follow them.
+_SENDRECV, _SEND, _RECV, _RANK, _SIZE, _SEGMENT, _OP, _OWN_AT, _GATHER, _BOUNDS = range(10)
+_MAX_MESSAGE_BYTES = (1 << 31) - 1
+_RINGS_KEPT = 64
+"""Descriptions of unchecked rings kept per group (all dropped when it is reached)."""
+
+
+@numba.njit(cache=True, nogil=True)
+def _combine_into(op: int, mine, received, out) -> None:
+    """``out = mine (op) received`` elementwise; ``out`` is ``mine`` or apart from both."""
+    count = out.size
+    if out.ctypes.data == mine.ctypes.data:  # in place: two arrays apart, run on vectors
+        if op == 0:
+            for i in range(count):
+                out[i] += received[i]
+        elif op == 3:
+            for i in range(count):
+                out[i] *= received[i]
+        else:
+            for i in range(count):
+                out[i] = pick(op, out[i], received[i])
+    elif op == 0:
+        for i in range(count):
+            out[i] = mine[i] + received[i]
+    elif op == 3:
+        for i in range(count):
+            out[i] = mine[i] * received[i]
+    else:
+        for i in range(count):
+            out[i] = pick(op, mine[i], received[i])
+
+
+@numba.njit(cache=True, nogil=True)
+def _finish(values, factors) -> None:
+    """``values / factors[1] * factors[2]``, each operation rounded to the dtype (as
+    :class:`._finishing.Finisher` computes it)."""
+    if factors[1] != 1:
+        for i in range(values.size):
+            values[i] = values[i] / factors[1]
+    if factors[2] != 1:
+        for i in range(values.size):
+            values[i] = values[i] * factors[2]
+
+
+@numba.njit(cache=True, nogil=True)
+def _transfer(ring, comm, byte, send, send_bytes, right, incoming, receive_bytes, left,
+              tag: int, both: bool) -> int:
+    """Send ``send_bytes`` at address ``send`` to ``right`` and receive
+    ``receive_bytes`` at ``incoming`` from ``left``: both in one call if ``both``, else
+    only the ones that are not empty (as :mod:`._ring` does). 0 or the MPI error."""
+    status = ring[_BOUNDS + ring[_SIZE] + 1:].ctypes.data
+    send_count, receive_count = np.int32(send_bytes), np.int32(receive_bytes)
+    if both or send_count and receive_count:
+        return call_c(ring[_SENDRECV], (send, send_count, byte, np.int32(right),
+                                        np.int32(tag), incoming, receive_count, byte,
+                                        np.int32(left), np.int32(tag), comm, status))
+    if send_count:
+        return call_c(ring[_SEND], (send, send_count, byte, np.int32(right), np.int32(tag),
+                                    comm))
+    if receive_count:
+        return call_c(ring[_RECV], (incoming, receive_count, byte, np.int32(left),
+                                    np.int32(tag), comm, status))
+    return 0
+
+
+@numba.njit(cache=True, nogil=True)
+def _checked_ring(plan, handles, ring, factors, scratch, fresh_header, source,
+                  result) -> int:
+    """The agreement's check, then, where every rank's signature was ours,
+    :func:`_ring_steps`: 0, ``DIFFERENT`` or an MPI error."""
+    error = agreed(plan, handles, fresh_header, HEADERS_IF_DIFFERENT)
+    if error != 0:
+        return error
+    return _ring_steps(ring, handles, factors, scratch, source, result)
+
+
+@numba.njit(cache=True, nogil=True)
+def _ring_steps(ring, handles, factors, scratch, source, result) -> int:
+    """The ring that ``ring`` describes over the communicator of ``handles`` (with
+    ``MPI_BYTE``): the reduce-scatter of 1-D ``source``, this rank's chunk finished by
+    ``factors`` (see :func:`_finish`) into ``result`` at its place, then, for an
+    allreduce, the allgather of every chunk in ``result`` (may be ``source``): 0 or an
+    MPI error."""
+    comm, byte, itemsize = handles[0], handles[1], source.itemsize
+    rank, size, op, own_at = ring[_RANK], ring[_SIZE], ring[_OP], ring[_OWN_AT]
+    bounds = ring[_BOUNDS:_BOUNDS + size + 1]
+    right, left = (rank + 1) % size, (rank + size - 1) % size
+    longest = 0
+    for chunk in range(size):
+        longest = max(longest, bounds[chunk + 1] - bounds[chunk])
+    per_segment = max(1, min(longest, ring[_SEGMENT]))
+    received, partial = scratch[:per_segment], scratch[per_segment:2 * per_segment]
+    finishing = factors[1] != 1 or factors[2] != 1
+    for piece in range((longest + per_segment - 1) // per_segment):
+        outgoing = source.ctypes.data  # where the step's data is: a partial sum after the first
+        for step in range(size - 1):
+            sent_chunk = (rank - step - 1 + size) % size
+            received_chunk = (rank - step - 2 + 2 * size) % size
+            a = min(bounds[sent_chunk] + piece * per_segment, bounds[sent_chunk + 1])
+            a_end = min(a + per_segment, bounds[sent_chunk + 1])
+            b = min(bounds[received_chunk] + piece * per_segment, bounds[received_chunk + 1])
+            b_end = min(b + per_segment, bounds[received_chunk + 1])
+            if step == 0:  # (an address as a slice's: arithmetic would make it a float)
+                outgoing = source[a:].ctypes.data
+            error = _transfer(ring, comm, byte, outgoing, (a_end - a) * itemsize, right,
+                              received.ctypes.data, (b_end - b) * itemsize, left,
+                              REDUCE_SCATTER_TAG, False)
+            if error != 0:
+                return error
+            if b == b_end:
+                continue
+            # The last step receives this rank's own chunk: it goes to the result.
+            into = partial[:b_end - b] if step < size - 2 else \
+                result[b - own_at:b_end - own_at]
+            _combine_into(op, source[b:b_end], received[:b_end - b], into)
+            if step == size - 2 and finishing:
+                _finish(into, factors)
+            outgoing = into.ctypes.data
+    if ring[_GATHER] == 0:
+        return 0
+    for step in range(size - 1):
+        sent, arriving = (rank - step + size) % size, (rank - step - 1 + size) % size
+        error = _transfer(ring, comm, byte, result[bounds[sent]:].ctypes.data,
+                          (bounds[sent + 1] - bounds[sent]) * itemsize, right,
+                          result[bounds[arriving]:].ctypes.data,
+                          (bounds[arriving + 1] - bounds[arriving]) * itemsize, left,
+                          ALLGATHER_TAG, True)
+        if error != 0:
+            return error
+    return 0
+
+
+@dataclass(frozen=True)
+class _Ring:
+    """What the compiled ring takes for one kind of call: its description (int64 words),
+    the finishing factors (of the dtype) and the two segments in flight."""
+
+    words: np.ndarray
+    factors: np.ndarray
+    segments: np.ndarray
+
+
+def _ring_for(group: Group, functions: MpiFunctions, dtype: np.dtype, bounds: list[int],
+              gather: bool, op: int | None, finish: Finisher | None,
+              segment_bytes: int) -> _Ring | None:
+    """The compiled ring over ``group`` of the chunks of ``dtype`` between ``bounds``
+    (elements), combined by payload code ``op``, finished by ``finish`` and gathered
+    (an allreduce) or not (a reduce-scatter, whose result is this rank's chunk); None
+    where it cannot run: values it does not combine, a 16-bit float's bits, or a chunk
+    larger than one MPI message of bytes can be. The segments in flight are held in the
+    group's scratch memory, where the Python ring holds them."""
+    if op is None or finish is not None and finish.encoding is not None:
+        return None
+    longest = max(bounds[chunk + 1] - bounds[chunk] for chunk in range(group.size))
+    itemsize = np.dtype(dtype).itemsize
+    if longest * itemsize > _MAX_MESSAGE_BYTES:
+        return None
+    per_segment = max(1, min(longest, segment_bytes // itemsize))
+    words = np.array([functions.sendrecv, functions.send, functions.recv, group.rank,
+                      group.size, per_segment, op, 0 if gather else bounds[group.rank],
+                      int(gather), *bounds] + [0] * -(-functions.status_bytes // 8), np.int64)
+    factors = np.array([1, 1, 1] if finish is None else
+                       [1, finish.divisor, finish.postscale_factor], dtype)
+    nbytes = 2 * per_segment * itemsize
+    return _Ring(words, factors, group.scratch.get("ring.segments", nbytes)[:nbytes].view(dtype))
+
+
+def checked_ring(exchange: CompiledExchange, message: np.ndarray, receive: np.ndarray,
+                 header_bytes: int, group: Group, dtype: np.dtype, bounds: list[int],
+                 gather: bool, combine: Callable, finish: Finisher | None,
+                 segment_bytes: int) -> Callable[[np.ndarray, np.ndarray, np.ndarray], int] | None:
+    """The check and the ring over ``group`` (see :func:`_ring_for`) of elements of
+    ``dtype`` combined as numpy's ``combine`` does, in one compiled call bound to
+    ``exchange``'s messages (``header_bytes`` of them): ``run(fresh_header, source,
+    result)``, as :meth:`CompiledExchange.checked` describes; or None where it cannot
+    be."""
+    functions = mpi_functions()
+    ring = None if functions is None else _ring_for(
+        group, functions, dtype, bounds, gather, payload_code(np.dtype(dtype), combine),
+        finish, segment_bytes)
+    return None if ring is None else exchange.checked(
+        _checked_ring, message, receive, header_bytes, ring.words, ring.factors,
+        ring.segments)
+
+
+def ring_allreduce(group: Group, source: np.ndarray, result: np.ndarray, combine: Callable,
+                   finish: Finisher | None, segment_bytes: int) -> bool:
+    """The ring allreduce of 1-D ``source`` into ``result`` (may be it) in one compiled
+    call, after the agreement, as :func:`._ring.allreduce` makes it; False where it
+    cannot be (nothing moved then: the Python ring must)."""
+    if finish is not None and not isinstance(finish, Finisher):
+        return False
+    key = (source.size, source.dtype, combine, finish, segment_bytes)
+    rings = group.state.setdefault("compiled rings", {})
+    if key not in rings:
+        if len(rings) >= _RINGS_KEPT:
+            rings.clear()
+        functions = mpi_functions()
+        rings[key] = (None, None) if functions is None else (
+            np.array([functions.handle(group.comm), functions.handle(MPI.BYTE)],
+                     functions.handle_dtype),
+            _ring_for(group, functions, source.dtype, chunk_bounds(source.size, group.size),
+                      True, payload_code(source.dtype, combine), finish, segment_bytes))
+    handles, ring = rings[key]
+    if ring is None:
+        return False
+    error = _ring_steps(ring.words, handles, ring.factors, ring.segments, source, result)
+    if error != 0:
+        raise MPI.Exception(error)
+    return True

@@ -1,0 +1,6 @@
+"""The transport layer: how bytes move between ranks, below any algorithm's choice: MPI's
+C functions called by symbol from compiled code (``_native_calls``), the node's
+shared-memory mailboxes (``_mailboxes``) and the pairwise exchange through them
+(``_pairwise``), the recursive-doubling exchange (``_recursive_doubling``), the compiled
+exchanges that carry the agreement and small collectives (``_compiled_exchange``), and
+the point-to-point communicators (``_p2p_channels``)."""
