@@ -26,7 +26,7 @@ from mpi4py import MPI
 import ringtrain as rt
 from kvstore_transport import p2p
 from ringtrain import kvstore
-from ringtrain.variables import parse_size
+from ringtrain.common.environment import parse_size
 
 WORLD = MPI.COMM_WORLD
 

@@ -23,7 +23,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ringtrain.variables import parse_size
+from ringtrain.common.environment import parse_size
 
 REQUEST, DATA = 1, 2
 

@@ -2,7 +2,7 @@
 
 Precedence: an explicit argument (:func:`configure`, or ``algorithm=`` on a call), then
 the environment variable, then the default. The variables, their parsers and defaults
-are declared in :mod:`ringtrain.variables`; a malformed variable is ignored with a
+are declared in :mod:`ringtrain.common.environment`; a malformed variable is ignored with a
 warning that names it. Settings that change which messages are sent (the algorithms
 they choose, the segment size, the node layout) are part of every call's signature, so
 ranks configured differently get a :class:`~ringtrain.MismatchError`, never a hang; the
@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from ..variables import ALGORITHMS, environment_variable, parse_size, setting_variable
+from ..common.environment import ALGORITHMS, environment_variable, parse_size, setting_variable
 from .errors import InvalidArgumentError
 
 __all__ = ["ALGORITHMS", "Settings", "configure", "current_settings", "reset_settings",
@@ -32,7 +32,7 @@ def _default(field: str) -> Any:
 class Settings:
     """Tunables of the collectives and the trainer. Sizes are in bytes.
 
-    The defaults are those of :mod:`ringtrain.variables`.
+    The defaults are those of :mod:`ringtrain.common.environment`.
 
     Attributes:
         allreduce_algorithm: ``auto`` or one of ``ALGORITHMS["allreduce"]``.

@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..variables import CUDA_AWARE_MPI, SWITCH_VALUES
+from ..common.environment import CUDA_AWARE_MPI, SWITCH_VALUES
 
 __all__ = ["CUDA_AWARE_VARIABLE", "MPIX_GPU_SUPPORT_CUDA", "SWITCH_VALUES", "CudaAwareness",
            "cuda_awareness", "loaded_mpi_libraries", "query_mpi_library"]

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ..variables import GPU_BY_LOCAL_RANK
+from ..common.environment import GPU_BY_LOCAL_RANK
 
 GPU_CHOICE_VARIABLE = GPU_BY_LOCAL_RANK.name
 LIBCUDA = "libcuda.so.1"

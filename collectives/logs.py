@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from ..variables import LOG_LEVEL, LOG_LEVELS, parse_log_level
+from ..common.environment import LOG_LEVEL, LOG_LEVELS, parse_log_level
 from .base._activity import Entry
 
 LOGGER = logging.getLogger("ringtrain")

@@ -82,7 +82,7 @@ import threading
 import time
 from typing import Any
 
-from ..timeline_format import CLOSING, OPENING, TIMELINE_VARIABLE, rank_path
+from ..common.timeline_format import CLOSING, OPENING, TIMELINE_VARIABLE, rank_path
 from .errors import NotInitializedError
 
 __all__ = ["ACTIVE", "TIMELINE_VARIABLE", "Timeline", "rank_path", "start_timeline",

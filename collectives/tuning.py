@@ -36,7 +36,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..variables import ALGORITHMS
+from ..common.environment import ALGORITHMS
 from .config import Settings
 
 __all__ = ["FORMAT", "Range", "TableError", "TuningKey", "TuningTable", "default_ranges",

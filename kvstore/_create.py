@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ringtrain.variables import KV_BIGARRAY_BOUND, KV_SERVERS
+from ringtrain.common.environment import KV_BIGARRAY_BOUND, KV_SERVERS
 
 from ..collectives import InvalidArgumentError
 from ._store import KVStore, LocalStore

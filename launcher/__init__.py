@@ -10,7 +10,7 @@ Modules: ``cli`` (the command line), ``hosts`` (host lists), ``mpi_vendor`` (whi
 ``mpiexec``, stopping a failed job), ``restart`` (restarting a failed job:
 ``--max-restarts``, host discovery), ``rank`` (the per-rank supervisor), ``rank_env``
 (per-rank defaults), ``run_python`` (the user's Python program, under the exception hook
-of :mod:`ringtrain.excepthook`), ``streams`` and ``report`` (output prefixes and exit
+of :mod:`ringtrain.common.excepthook`), ``streams`` and ``report`` (output prefixes and exit
 records), ``check_build`` and ``build_probe`` (``--check-build``).
 
 This package never imports mpi4py or the other ringtrain packages at start-up

@@ -20,8 +20,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..resize_protocol import HOSTS_UPDATED, RESIZING, clear, is_marked
-from ..variables import KV_SERVERS, TIMELINE_MERGED_BY_LAUNCHER
+from ..common.environment import KV_SERVERS, TIMELINE_MERGED_BY_LAUNCHER
+from ..common.resize_protocol import HOSTS_UPDATED, RESIZING, clear, is_marked
 from .command import CommandError, build_mpiexec_argv, python_target, rank_command
 from .horovodrun import RefusedFlag, Translation, add_flags, translate
 from .host_watch import HostWatcher

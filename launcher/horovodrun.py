@@ -13,8 +13,8 @@ import argparse
 import shlex
 from dataclasses import dataclass, field
 
-from ..variables import (ALLGATHER_ALGORITHM, ALLREDUCE_ALGORITHM, FUSION_THRESHOLD, LOG_LEVEL,
-                         STALL_CHECK_SECONDS, STALL_SHUTDOWN_SECONDS)
+from ..common.environment import (ALLGATHER_ALGORITHM, ALLREDUCE_ALGORITHM, FUSION_THRESHOLD,
+                                  LOG_LEVEL, STALL_CHECK_SECONDS, STALL_SHUTDOWN_SECONDS)
 
 _LOG_LEVELS = {"TRACE": "DEBUG", "DEBUG": "DEBUG", "INFO": "INFO", "WARNING": "WARNING",
                "ERROR": "ERROR", "FATAL": "CRITICAL"}
@@ -36,7 +36,7 @@ WITHOUT_EFFECT: dict[str, str] = {
 """Flags accepted without effect, and why."""
 
 TAKING_A_VALUE = {"--cycle-time-ms", "--cache-capacity", "--start-timeout",
-               "--num-nccl-streams", "--thread-affinity", "--elastic-timeout"}
+                  "--num-nccl-streams", "--thread-affinity", "--elastic-timeout"}
 """The flags of :data:`WITHOUT_EFFECT` that take a value."""
 
 REFUSED: dict[str, str] = {

@@ -3,7 +3,7 @@
 A :class:`HostWatcher` runs the script every ``--discovery-interval`` seconds on a thread
 of the launcher. When the hosts it offers (less those cooling down after a failure) give
 another placement than the running job's, the watcher writes the notice that the ranks
-look for at their next commit (:data:`ringtrain.resize_protocol.HOSTS_UPDATED`), and
+look for at their next commit (:data:`ringtrain.common.resize_protocol.HOSTS_UPDATED`), and
 removes it if the hosts change back before the job stops. A script that fails, or offers
 fewer slots than ``--min-np``, changes nothing: the job keeps its ranks.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
-from ..resize_protocol import HOSTS_UPDATED, clear, path_in
+from ..common.resize_protocol import HOSTS_UPDATED, clear, path_in
 from .restart import (Blacklist, DiscoveryError, ElasticOptions, NotEnoughRanks, Placement,
                       discover_hosts, place_on_discovered_hosts)
 

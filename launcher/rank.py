@@ -39,10 +39,10 @@ import sys
 import time
 from collections.abc import Sequence
 
-from ..excepthook import REPORT_FD_VARIABLE
-from ..rank_identity import rank_identity
-from .rank_env import nvidia_gpus, rank_defaults, usable_cores
+from ..common.excepthook import REPORT_FD_VARIABLE
+from ..common.rank_identity import rank_identity
 from .parent_death import signal_on_parent_death
+from .rank_env import nvidia_gpus, rank_defaults, usable_cores
 from .report import RankExit, encode
 from .streams import LinePrefixer, write_all
 

@@ -1,4 +1,4 @@
-"""The per-rank defaults a rank gets, from who it is (:mod:`ringtrain.rank_identity`)
+"""The per-rank defaults a rank gets, from who it is (:mod:`ringtrain.common.rank_identity`)
 and what its node has."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import socket
 import subprocess
 from collections.abc import Mapping
 
-from ..rank_identity import RankIdentity
+from ..common.rank_identity import RankIdentity
 
 NVIDIA_GPUS_DIRECTORY = "/proc/driver/nvidia/gpus"
 NVIDIA_SMI_TIMEOUT = 10.0

@@ -9,7 +9,7 @@ line, and the job gets the sum of their slots, at most ``--max-np``, and does no
 with fewer than ``--min-np``. A host whose rank failed is left out of the next starts
 for a cool-down (:class:`Blacklist`). While a job runs, the script is polled
 (:mod:`ringtrain.launcher.host_watch`) and a change of hosts resizes the job at its
-next commit, without a failure (:mod:`ringtrain.resize_protocol`).
+next commit, without a failure (:mod:`ringtrain.common.resize_protocol`).
 
 Everything except :func:`discover_hosts` is a pure function, tested without MPI.
 """
@@ -21,7 +21,7 @@ import os
 import subprocess
 from collections.abc import Sequence
 
-from ..variables import ELASTIC_DIR, RESTART_COUNT
+from ..common.environment import ELASTIC_DIR, RESTART_COUNT
 from .hosts import Host, HostListError, parse_host_list, total_slots
 from .job import JobResult
 from .report import describe_exit

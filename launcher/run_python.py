@@ -3,7 +3,7 @@
 ``python -m ringtrain.launcher.run_python train.py ARGS`` runs ``train.py`` like
 ``python train.py ARGS`` (same ``sys.argv``, same ``sys.path[0]``, ``__name__ ==
 "__main__"``); ``-c CODE`` and ``-m MODULE`` work as they do for ``python``. The launcher
-rewrites a rank's Python command into this form; see :mod:`ringtrain.excepthook`
+rewrites a rank's Python command into this form; see :mod:`ringtrain.common.excepthook`
 for what an unhandled exception then does. A non-zero ``sys.exit`` while MPI is running
 ends the job the same way, since a normal exit would wait in ``MPI_Finalize`` for ranks
 that are blocked in a collective.
@@ -18,7 +18,7 @@ import sys
 import types
 from collections.abc import Sequence
 
-from .. import excepthook
+from ..common import excepthook
 
 USAGE = "usage: python -m ringtrain.launcher.run_python (-c CODE | -m MODULE | SCRIPT) [ARGS...]"
 

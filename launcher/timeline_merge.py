@@ -20,7 +20,7 @@ skipped with a warning line on stderr.
 
 Standard library only: the launcher imports this module. The file format, the naming
 rule and the merge, which the ranks share (they merge under a plain ``mpiexec``), are in
-:mod:`ringtrain.timeline_format`.
+:mod:`ringtrain.common.timeline_format`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ..timeline_format import MERGE_PROG as PROG
-from ..timeline_format import TIMELINE_VARIABLE, merge, merge_files, rank_path, read_trace
+from ..common.timeline_format import MERGE_PROG as PROG
+from ..common.timeline_format import TIMELINE_VARIABLE, merge, merge_files, rank_path, read_trace
 
 __all__ = ["TIMELINE_VARIABLE", "rank_path", "merge", "merge_files", "JobTimeline", "main"]
 

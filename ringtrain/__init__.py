@@ -15,9 +15,8 @@ try:
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0+unknown"
 
-_SUBPACKAGES = ("collectives", "kernels", "trainer", "launcher", "elastic", "pruning",
-                "pipeline", "variables", "timeline_format", "resize_protocol", "atomic_file",
-                "kvstore", "balance")
+_SUBPACKAGES = ("collectives", "kernels", "trainer", "launcher", "kvstore", "common", "torch",
+                "elastic", "pruning", "pipeline", "balance", "horovod")
 
 
 def __getattr__(name: str) -> Any:

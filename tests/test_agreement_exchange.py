@@ -75,6 +75,7 @@ def test_turned_off_the_agreement_uses_the_python_exchange(monkeypatch):
     assert compiled_exchange(_group_of_two(1), 16, 40) is not None
 
 
+@pytest.mark.processes
 def test_every_specialization_compiles_to_the_disk_cache():
     """numba warns, and compiles again at every start, when a function cannot be cached;
     this also fills the cache before the multi-rank tests (it runs before them)."""
@@ -87,8 +88,8 @@ import numpy as np
 from mpi4py import MPI
 from numba.core.errors import NumbaWarning
 warnings.simplefilter("error", NumbaWarning)
-from ringtrain.collectives.transport._compiled_exchange import (HEADERS, PAYLOADS, compiled_exchange,
-                                                      payload_code)
+from ringtrain.collectives.transport._compiled_exchange import (HEADERS, PAYLOADS,
+                                                                compiled_exchange, payload_code)
 alone = SimpleNamespace(state={}, rank=0, size=1, comm=MPI.COMM_WORLD)
 exchange = compiled_exchange(alone, 16, 40)
 message, receive = np.zeros(104, np.uint8), np.zeros(1024, np.uint8)
@@ -102,7 +103,7 @@ for dtype in (np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32, np.
     assert reduce(header, np.ones(3, dtype), values, values) == 0
 # The mailboxes' steps (the exchange above compiled them for a group without them).
 from ringtrain.collectives.transport._mailboxes import (box_words, mailbox_receive, mailbox_send,
-                                              new_counters)
+                                                        new_counters)
 boxes, counters = np.zeros(box_words(1), np.int64), new_counters(0, 1)
 mailbox_send(boxes, counters, 0, message, 8, 0)
 mailbox_receive(boxes, counters, 0, receive, 0)

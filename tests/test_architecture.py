@@ -23,6 +23,7 @@ PACKAGE_DIRS = {
     "ringtrain.launcher": ROOT / "launcher",
     "ringtrain.kvstore": ROOT / "kvstore",
     "ringtrain.torch": ROOT / "torch_backend",
+    "ringtrain.common": ROOT / "common",
 }
 
 
@@ -152,8 +153,8 @@ def test_the_kvstore_is_a_front_end_of_its_own() -> None:
     """kvstore -> collectives -> kernels: it imports neither the trainer nor the launcher,
     and only ringtrain's public aliases import it."""
     kvstore = [m for m in MODULES if m.startswith("ringtrain.kvstore")]
-    sideways = {m: sorted(t for t in GRAPH[m] if t.startswith(("ringtrain.trainer",
-                                                                "ringtrain.launcher")))
+    sideways = {m: sorted(t for t in GRAPH[m]
+                          if t.startswith(("ringtrain.trainer", "ringtrain.launcher")))
                 for m in kvstore}
     assert not {m: t for m, t in sideways.items() if t}
     importers = sorted(m for m in MODULES if not m.startswith("ringtrain.kvstore")
@@ -208,9 +209,8 @@ def test_the_torch_backend_is_a_front_end_of_its_own() -> None:
     """torch backend -> collectives -> kernels: it imports neither the trainer, the
     kvstore nor the launcher, and nothing in the library imports it."""
     backend = [m for m in MODULES if m.startswith("ringtrain.torch")]
-    sideways = {m: sorted(t for t in GRAPH[m] if t.startswith(("ringtrain.trainer",
-                                                                "ringtrain.launcher",
-                                                                "ringtrain.kvstore")))
+    sideways = {m: sorted(t for t in GRAPH[m] if t.startswith(
+                    ("ringtrain.trainer", "ringtrain.launcher", "ringtrain.kvstore")))
                 for m in backend}
     assert not {m: t for m, t in sideways.items() if t}
     importers = sorted(m for m in MODULES if not m.startswith("ringtrain.torch")
@@ -223,3 +223,23 @@ def test_every_module_imports(module: str) -> None:
     """Catches a name imported from a module that no longer defines it, which the
     import graph above cannot see."""
     importlib.import_module(module)
+
+
+def test_the_shared_leaves_import_nothing_of_ringtrain_but_each_other() -> None:
+    """common/ is the bottom of every layer: the launcher and the collectives read it, it
+    reads neither."""
+    leaves = [m for m in MODULES if m.startswith("ringtrain.common")]
+    upward = {m: sorted(t for t in GRAPH[m] if not t.startswith("ringtrain.common"))
+              for m in leaves}
+    assert leaves and not {m: t for m, t in upward.items() if t}
+
+
+def test_the_ringtrain_folder_is_only_the_facade() -> None:
+    """Each module of ringtrain/ only gathers public names of the layers: it defines no
+    function or class of its own (``__getattr__`` and ``__dir__`` of the package aside)."""
+    facade = [m for m, path in MODULES.items() if path.parent == PACKAGE_DIRS["ringtrain"]]
+    defined = {m: [node.name for node in ast.parse(MODULES[m].read_text()).body
+                   if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+                   and node.name not in ("__getattr__", "__dir__")]
+               for m in facade}
+    assert len(facade) > 5 and not {m: names for m, names in defined.items() if names}

@@ -11,6 +11,8 @@ from mpi_launch import ABORTED, TRAINING, run_in_bundle, run_mpi
 from mpi_launch import PROGRAMS as MPI_PROGRAMS
 from test_launcher_runs import launch, needs_mpi
 
+pytestmark = pytest.mark.processes
+
 # Each program and the fewest checks it must report passed.
 PROGRAMS = {"balance": 9, "balance_gold": 13}
 NPROCS = [1, 2, 3, 4]

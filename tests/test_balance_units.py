@@ -369,7 +369,7 @@ def test_torch_dataloader_takes_the_sampler():
     assert len(loader) == 3
 
 
-
+@pytest.mark.processes
 def test_the_rule_the_schedule_and_the_sampler_import_neither_mpi4py_nor_torch(tmp_path):
     probe = ("import sys\n"
              "import ringtrain.trainer.balance_shares, ringtrain.trainer.balance_schedule\n"

@@ -57,6 +57,7 @@ def test_device_options_and_what_each_size_measures():
     assert cases.variants(ipc) == [("ipc", "cuda"), ("ring", "cuda"), ("ring", "host")]
 
 
+@pytest.mark.processes
 def test_parsing_device_options_imports_no_gpu_library():
     """The bench adds no GPU library to what importing the collectives imports."""
     probe = ("import sys\n"
@@ -235,6 +236,7 @@ def test_the_run_records_its_machine_and_command():
 
 # --------------------------------------------------------------------------- real runs
 
+@pytest.mark.processes
 @pytest.mark.parametrize("nprocs", [2, 3])
 @pytest.mark.parametrize("collective", COLLECTIVES)
 def test_real_run_checks_results_and_prints_parseable_columns(collective, nprocs, tmp_path):
@@ -264,6 +266,7 @@ def test_real_run_checks_results_and_prints_parseable_columns(collective, nprocs
     assert len(csv_path.read_text().splitlines()) == len(rows) + 1
 
 
+@pytest.mark.processes
 def test_compressed_reducescatter_checks_out():
     output = run_mpi("bench", 2, "reducescatter", "-b", "1K", "-e", "64K", "-f", "8",
                      "-n", "2", "-w", "1", "--rounds", "1", "--compression", "bf16",
@@ -274,6 +277,7 @@ def test_compressed_reducescatter_checks_out():
     assert all(row["oop"][3] == "0" for row in rows)
 
 
+@pytest.mark.processes
 def test_compressed_allreduce_and_floating_average_check_out():
     output = run_mpi("bench", 2, "allreduce", "-b", "1K", "-e", "64K", "-f", "8",
                      "-n", "2", "-w", "1", "--rounds", "1", "-o", "avg",
@@ -282,6 +286,7 @@ def test_compressed_allreduce_and_floating_average_check_out():
     assert all(row["oop"][3] == "0" and row["ip"][3] == "0" for row in parse_table(output))
 
 
+@pytest.mark.processes
 def test_an_injected_wrong_result_fails_the_run():
     output = run_mpi("bench", 2, "allreduce", "-b", "64", "-e", "64", "-n", "1", "-w", "0",
                      "--rounds", "1", env={INJECT_WRONG_VARIABLE: "1"}, expected_status=1,
@@ -326,6 +331,7 @@ def check_device_table(output: str, algorithms: list[str], sizes: list[int],
     return rows
 
 
+@pytest.mark.processes
 def test_device_cuda_on_the_simulator_measures_gpu_and_host_buffers(tmp_path):
     csv_path = tmp_path / "out.csv"
     output = run_mpi("bench", 2, "allreduce", "--device", "cuda", "-b", "8", "-e", "256",
@@ -340,6 +346,7 @@ def test_device_cuda_on_the_simulator_measures_gpu_and_host_buffers(tmp_path):
     assert len(lines) == len(rows) + 1 and "memory" in lines[0] and "oop_host_ratio" in lines[0]
 
 
+@pytest.mark.processes
 def test_device_cuda_compressed_and_partitioned_collectives_on_the_simulator():
     output = run_mpi("bench", 2, "allreduce", "--device", "cuda", "-b", "256", "-e", "256",
                      "-n", "1", "-w", "1", "--rounds", "1", "-o", "avg",
@@ -357,6 +364,7 @@ def test_device_cuda_compressed_and_partitioned_collectives_on_the_simulator():
                            in_place=collective == "broadcast")
 
 
+@pytest.mark.processes
 def test_device_cuda_without_a_gpu_exits_2_with_one_line():
     if gpu_found():
         pytest.skip("a CUDA GPU is present")
@@ -367,6 +375,7 @@ def test_device_cuda_without_a_gpu_exits_2_with_one_line():
     assert "numba sees no GPU" in errors[0] and "size(B)" not in output
 
 
+@pytest.mark.processes
 def test_device_cuda_on_a_gpu():
     """Skips without a GPU, unless RINGTRAIN_TEST_GPU=1 makes that a failure."""
     require_gpu()

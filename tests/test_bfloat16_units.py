@@ -12,7 +12,7 @@ from ringtrain.collectives import UnsupportedDtypeError
 from ringtrain.collectives.agreement._agreement import Call
 from ringtrain.collectives.base._buffers import results_like, returns_itself, torch_view
 from ringtrain.collectives.base._checks import (active_compressor, check_reduction, in_place_array,
-                                           input_array)
+                                                input_array)
 from ringtrain.collectives.base._finishing import finisher
 from ringtrain.collectives.memory._memory import HOST, MPI_CANNOT_REDUCE
 from ringtrain.collectives.base._ops import COPY_DTYPES, REDUCE_DTYPES, ReduceOp

@@ -10,8 +10,10 @@ import ast
 
 import pytest
 
-from mpi_launch import (COLLECTIVES, TRAINING, PROGRAMS as PROGRAM_DIR, run_checks,
-                        run_in_bundle, run_mpi)
+from mpi_launch import (COLLECTIVES, TRAINING, PROGRAMS as PROGRAM_DIR, run_checks, run_in_bundle,
+                        run_mpi)
+
+pytestmark = pytest.mark.processes
 
 NPROCS = [1, 2, 3, 4]
 TIMEOUT = 180

@@ -30,6 +30,7 @@ def test_a_library_without_a_query_function_is_taken_as_not_cuda_aware():
     assert not answer.aware and "no CUDA query function" in answer.how
 
 
+@pytest.mark.processes
 def test_the_loaded_mpi_library_answers():
     # In a process of its own: the query needs MPI initialized, and this one must not be.
     program = ("from mpi4py import MPI\n"
@@ -44,6 +45,7 @@ def test_the_loaded_mpi_library_answers():
         assert answer.startswith("no "), answer  # the PyPI MPICH wheel is built without CUDA
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("override, expected", [
     (None, "no (MPIX_"), ("1", "yes (RINGTRAIN_CUDA_AWARE_MPI=1)"),
     ("maybe", "no (MPIX_")])

@@ -13,6 +13,8 @@ import pytest
 
 from mpi_launch import require_gpu, run_checks
 
+pytestmark = pytest.mark.processes
+
 MODES = {"staged": "0", "cuda_aware": "1"}
 # Staged at every size; handing device memory to MPI at an even and an odd size (the
 # simulator's minutes are the suite's largest single cost).

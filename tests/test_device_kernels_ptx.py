@@ -20,6 +20,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.processes
+
 PROBE = r'''
 import numpy as np
 from numba import cuda, types

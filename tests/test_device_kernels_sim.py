@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 300
 SWITCHES = ("NUMBA_ENABLE_CUDASIM", "RINGTRAIN_TEST_GPU", "CUDA_VISIBLE_DEVICES")

@@ -11,6 +11,8 @@ import pytest
 
 from mpi_launch import ABORTED, run_mpi
 
+pytestmark = pytest.mark.processes
+
 STALL = {"RINGTRAIN_STALL_CHECK_SECONDS": "1"}
 
 

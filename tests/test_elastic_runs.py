@@ -16,6 +16,8 @@ import pytest
 
 from test_launcher_runs import PROGRAMS, assert_nothing_left, launch, needs_mpi
 
+pytestmark = pytest.mark.processes
+
 TRAIN = str(PROGRAMS / "elastic_train.py")
 STATE = str(PROGRAMS / "elastic_state.py")
 TIMEOUT = 40.0

@@ -13,19 +13,18 @@ import time
 import numpy as np
 import pytest
 
-from ringtrain.elastic import (CHECKPOINT_NAME, ELASTIC_DIR_VARIABLE, RESTART_COUNT_VARIABLE,
-                               State, restart_count, write_atomically)
+from ringtrain.elastic import (CHECKPOINT_NAME, ELASTIC_DIR_VARIABLE, RESTART_COUNT_VARIABLE, State,
+                               restart_count, write_atomically)
 from ringtrain.launcher import restart as restart_module
 from ringtrain.launcher.cli import CommandLineError, build_parser, elastic_options
 from ringtrain.launcher.hosts import Host
 from ringtrain.launcher.job import JobResult
 from ringtrain.launcher.report import RankExit
 from ringtrain.launcher.host_watch import HostWatcher
-from ringtrain.launcher.restart import (Blacklist, DiscoveryError, ElasticOptions,
-                                        NotEnoughRanks, Placement, describe_failure,
-                                        discover_hosts, parse_discovered_hosts,
-                                        place_on_discovered_hosts, resize_announcement,
-                                        restart_announcement, should_restart)
+from ringtrain.launcher.restart import (Blacklist, DiscoveryError, ElasticOptions, NotEnoughRanks,
+                                        Placement, describe_failure, discover_hosts,
+                                        parse_discovered_hosts, place_on_discovered_hosts,
+                                        resize_announcement, restart_announcement, should_restart)
 from test_launcher_argv import run_cli
 
 
@@ -88,6 +87,7 @@ def test_the_launcher_and_the_ranks_name_the_same_variables():
     assert restart_module.RESTART_COUNT_VARIABLE == RESTART_COUNT_VARIABLE
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("statement", ["import ringtrain.elastic as elastic",
                                        "from ringtrain import elastic"])
 def test_importing_ringtrain_elastic_does_not_import_mpi4py(tmp_path, statement):
@@ -165,6 +165,7 @@ def test_bad_elastic_options_are_refused(arguments, message):
         _options(*arguments)
 
 
+@pytest.mark.processes
 def test_a_bad_elastic_option_exits_2_before_anything_starts(tmp_path):
     (tmp_path / "t.py").write_text("print('should not run')\n")
     probe, errors, output = run_cli(["-np", "2", "--max-restarts", "-1", "python", "t.py"],
@@ -191,12 +192,14 @@ def _script(tmp_path, body: str) -> str:
     return str(script)
 
 
+@pytest.mark.processes
 def test_discover_hosts_runs_the_script_with_the_restart_count(tmp_path):
     script = _script(tmp_path, 'echo "localhost:$(( RINGTRAIN_RESTART_COUNT + 1 ))"\n')
     assert discover_hosts(script, 0) == [Host("localhost", 1)]
     assert discover_hosts(script, 2) == [Host("localhost", 3)]
 
 
+@pytest.mark.processes
 def test_a_failing_discovery_script_is_an_error(tmp_path):
     with pytest.raises(DiscoveryError, match="exited with code 3: no cluster"):
         discover_hosts(_script(tmp_path, "echo no cluster >&2; exit 3\n"), 0)
@@ -240,6 +243,7 @@ def test_a_failed_host_cools_down_longer_after_each_failure():
                                      310.0) == Placement(3, tuple(hosts))
 
 
+@pytest.mark.processes
 def test_the_watcher_writes_the_notice_while_the_hosts_differ(tmp_path):
     offered = tmp_path / "offered"
     offered.write_text("localhost:2\n")

@@ -111,11 +111,13 @@ def run_example(example: str, nprocs: int, *extra: str) -> str:
     return section
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("example, nprocs", [(e, n) for e, n, _ in DEFAULT_RUNS])
 def test_example_runs(example, nprocs):
     run_example(example, nprocs)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("example, nprocs, options", OPTION_RUNS)
 def test_training_example_options(example, nprocs, options):
     output = run_example(example, nprocs, *options)
@@ -125,6 +127,7 @@ def test_training_example_options(example, nprocs, options):
         assert "\r" in output and "] " in output, output  # the bar, redrawn in place
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("nprocs, options", [(n, o) for _, n, o in HOROVOD_RUNS])
 def test_horovod_style_example_options(nprocs, options):
     output = run_example("horovod_style", nprocs, *options)
@@ -132,6 +135,7 @@ def test_horovod_style_example_options(nprocs, options):
         assert "compression fp16" in output, output
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("nprocs, mode", [(n, o[1]) for _, n, o in KVSTORE_RUNS])
 def test_kvstore_example_learns_and_reports_each_worker(nprocs, mode):
     """The loss starts near 64 (the teacher's squared norm); the noise alone gives 0.01."""

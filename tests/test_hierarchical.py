@@ -20,7 +20,8 @@ import pytest
 
 from mpi_launch import ROOT, run_mpi
 from ringtrain.collectives.algorithms._selection import (allreduce_algorithm, auto_choice,
-                                              broadcast_algorithm, reducescatter_algorithm)
+                                                         broadcast_algorithm,
+                                                         reducescatter_algorithm)
 from ringtrain.collectives import tuning
 from ringtrain.collectives.tuning import default_choice
 from ringtrain.collectives.world._topology import NodeLayout
@@ -145,6 +146,7 @@ def test_auto_gathers_and_scatters_hierarchically_only_across_nodes(sizes, pays)
 
 # --------------------------------------------------------------------------- pretend nodes
 
+@pytest.mark.processes
 @pytest.mark.parametrize("nprocs, node_size", [(1, 2), (3, 2), (4, 2), (4, 3)],
                          ids=["np1", "np3-2+1", "np4-2+2", "np4-3+1"])
 def test_pretend_nodes(nprocs, node_size):
@@ -213,6 +215,7 @@ def simulated_hosts(count: int, ranks_per_host: list[int], workdir: Path
         run("down")
 
 
+@pytest.mark.processes
 def test_two_hosts_of_two_ranks(tmp_path):
     with simulated_hosts(2, [2, 2], tmp_path) as environment:
         output = run_mpi("hierarchical", 4, timeout=TIMEOUT, env=environment)
@@ -222,6 +225,7 @@ def test_two_hosts_of_two_ranks(tmp_path):
         assert "all 1 checks passed" in output, output
 
 
+@pytest.mark.processes
 def test_three_uneven_hosts(tmp_path):
     with simulated_hosts(3, [2, 1, 2], tmp_path) as environment:
         output = run_mpi("hierarchical", 5, timeout=TIMEOUT, env=environment)

@@ -15,6 +15,8 @@ import pytest
 
 from test_launcher_runs import PROGRAMS, launch, needs_mpi
 
+pytestmark = pytest.mark.processes
+
 pytest.importorskip("torch")
 
 TRAIN = str(PROGRAMS / "horovod_elastic_train.py")

@@ -6,6 +6,8 @@ import pytest
 
 from mpi_launch import TRAINING, run_in_bundle
 
+pytestmark = pytest.mark.processes
+
 NPROCS = [1, 2, 3, 4]
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ringtrain import variables
+from ringtrain.common import environment
 from ringtrain.launcher.cli import CommandLineError, build_parser, horovodrun_flags
 from ringtrain.launcher.command import build_mpiexec_argv
 from ringtrain.launcher.horovodrun import REFUSED, TAKING_A_VALUE, WITHOUT_EFFECT
@@ -86,15 +86,15 @@ def test_short_ssh_flags_are_refused_too():
 
 
 HOROVOD_TWINS = [
-    ("HOROVOD_FUSION_THRESHOLD", "1048576", variables.FUSION_THRESHOLD, 1 << 20),
-    ("HOROVOD_TIMELINE", "/tmp/t.json", variables.TIMELINE, "/tmp/t.json"),
-    ("HOROVOD_STALL_CHECK_TIME_SECONDS", "12", variables.STALL_CHECK_SECONDS, 12.0),
-    ("HOROVOD_STALL_CHECK_DISABLE", "1", variables.STALL_CHECK_SECONDS, 0.0),
-    ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "40", variables.STALL_SHUTDOWN_SECONDS, 40.0),
-    ("HOROVOD_LOG_LEVEL", "trace", variables.LOG_LEVEL, "DEBUG"),
-    ("HOROVOD_LOG_LEVEL", "warning", variables.LOG_LEVEL, "WARNING"),
-    ("HOROVOD_HIERARCHICAL_ALLREDUCE", "1", variables.ALLREDUCE_ALGORITHM, "hierarchical"),
-    ("HOROVOD_HIERARCHICAL_ALLGATHER", "1", variables.ALLGATHER_ALGORITHM, "hierarchical"),
+    ("HOROVOD_FUSION_THRESHOLD", "1048576", environment.FUSION_THRESHOLD, 1 << 20),
+    ("HOROVOD_TIMELINE", "/tmp/t.json", environment.TIMELINE, "/tmp/t.json"),
+    ("HOROVOD_STALL_CHECK_TIME_SECONDS", "12", environment.STALL_CHECK_SECONDS, 12.0),
+    ("HOROVOD_STALL_CHECK_DISABLE", "1", environment.STALL_CHECK_SECONDS, 0.0),
+    ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "40", environment.STALL_SHUTDOWN_SECONDS, 40.0),
+    ("HOROVOD_LOG_LEVEL", "trace", environment.LOG_LEVEL, "DEBUG"),
+    ("HOROVOD_LOG_LEVEL", "warning", environment.LOG_LEVEL, "WARNING"),
+    ("HOROVOD_HIERARCHICAL_ALLREDUCE", "1", environment.ALLREDUCE_ALGORITHM, "hierarchical"),
+    ("HOROVOD_HIERARCHICAL_ALLGATHER", "1", environment.ALLGATHER_ALGORITHM, "hierarchical"),
 ]
 
 
@@ -103,7 +103,7 @@ HOROVOD_TWINS = [
 def test_horovod_variables_are_read_when_ringtrain_s_are_unset(twin, text, variable, value):
     assert variable.read({twin: text}) == value
     assert f"{twin}={text!r} read as {variable.name}=" in \
-        " ".join(variables.horovod_lines({twin: text}))
+        " ".join(environment.horovod_lines({twin: text}))
     own = {"RINGTRAIN_FUSION_THRESHOLD": "2048", "RINGTRAIN_TIMELINE": "/tmp/own.json",
            "RINGTRAIN_STALL_CHECK_SECONDS": "7", "RINGTRAIN_STALL_SHUTDOWN_SECONDS": "8",
            "RINGTRAIN_LOG_LEVEL": "ERROR", "RINGTRAIN_ALLREDUCE_ALGORITHM": "ring",
@@ -112,16 +112,17 @@ def test_horovod_variables_are_read_when_ringtrain_s_are_unset(twin, text, varia
 
 
 def test_horovod_switches_that_are_off_and_variables_without_effect():
-    assert variables.ALLREDUCE_ALGORITHM.read({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}) == "auto"
-    assert variables.STALL_CHECK_SECONDS.read({"HOROVOD_STALL_CHECK_DISABLE": "0"}) == 60.0
-    lines = variables.horovod_variables_without_effect({"HOROVOD_CYCLE_TIME": "5",
-                                                       "HOROVOD_CACHE_CAPACITY": "0"})
+    assert environment.ALLREDUCE_ALGORITHM.read({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}) == "auto"
+    assert environment.STALL_CHECK_SECONDS.read({"HOROVOD_STALL_CHECK_DISABLE": "0"}) == 60.0
+    lines = environment.horovod_variables_without_effect({"HOROVOD_CYCLE_TIME": "5",
+                                                         "HOROVOD_CACHE_CAPACITY": "0"})
     assert lines == ["HOROVOD_CYCLE_TIME has no effect: calls start when they are made: "
                      "there is no cycle",
                      "HOROVOD_CACHE_CAPACITY has no effect: calls are planned once and kept; "
                      "there is no response cache"]
 
 
+@pytest.mark.processes
 @needs_mpi
 def test_a_horovod_command_line_and_variables_reach_the_ranks():
     program = ("import ringtrain as rt\n"

@@ -7,8 +7,9 @@ import pytest
 
 from ringtrain.collectives import InvalidArgumentError
 from ringtrain.collectives.algorithms import _ipc, _ring
-from ringtrain.collectives.algorithms._selection import (allreduce_algorithm, device_allreduce_algorithm,
-                                              reduces_inside_nodes_on_gpus)
+from ringtrain.collectives.algorithms._selection import (allreduce_algorithm,
+                                                         device_allreduce_algorithm,
+                                                         reduces_inside_nodes_on_gpus)
 from ringtrain.collectives.world._topology import NodeLayout
 from ringtrain.collectives.config import Settings
 from ringtrain.collectives.tuning import default_choice

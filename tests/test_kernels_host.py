@@ -917,6 +917,7 @@ def test_a_loop_runs_serially_while_another_thread_runs_a_parallel_one(restore_h
     assert calls == ["parallel", "serial", "parallel", "serial"]
 
 
+@pytest.mark.processes
 def test_threads_calling_parallel_loops_at_once_do_not_abort_the_process():
     """numba's workqueue threading layer (where neither TBB nor OpenMP is installed)
     aborts the process when two threads run parallel loops at once."""
@@ -945,10 +946,12 @@ print(numba.threading_layer())
     assert done.stdout.split() == ["True", "workqueue"]
 
 
-def test_every_host_kernel_compiles_to_the_disk_cache(tmp_path):
+@pytest.mark.processes
+def test_every_host_kernel_compiles_to_the_disk_cache():
     """Compiled once, every kernel loads from numba's disk cache in the next process:
     numba warns when a function cannot be cached, and compiles one again at every start
-    whose cache key differs between processes (a closure over a compiled function)."""
+    whose cache key differs between processes (a closure over a compiled function). The
+    cache is the one the other tests use, which the first run fills where it is cold."""
     probe = """
 import warnings
 import numpy as np
@@ -983,7 +986,7 @@ for threads in (1, 2):
         host.divide_into(b, 3, b, "bfloat16")
 print("cached")
 """
-    environment = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "NUMBA_DEBUG_CACHE": "1"}
+    environment = {**os.environ, "NUMBA_DEBUG_CACHE": "1"}
     runs = [subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                            timeout=600, env=environment) for _ in range(2)]
     for result in runs:
@@ -1056,6 +1059,7 @@ print(sum(loop.stats.cache_hits.values()))
 """
 
 
+@pytest.mark.processes
 def test_serial_loops_never_load_the_parallel_compilation_from_the_cache(tmp_path):
     def cache_hits(variant):
         run = subprocess.run([sys.executable, "-c", CACHED_LOOP, variant], check=True,

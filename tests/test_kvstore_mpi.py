@@ -11,6 +11,8 @@ import pytest
 from mpi_launch import ABORTED, ROOT, TRAINING, run_in_bundle, run_mpi
 from test_launcher_runs import launch, needs_mpi
 
+pytestmark = pytest.mark.processes
+
 # Each program, the world sizes it runs at, and the fewest checks it must report passed.
 PROGRAMS = {"kvstore_sync": ([1, 2, 3, 4], 14), "kvstore_async": ([1, 2, 3, 4], 8)}
 

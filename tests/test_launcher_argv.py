@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ringtrain.launcher import command as command_module
-from ringtrain import excepthook
+from ringtrain.common import excepthook
 from ringtrain.launcher import rank_env
 from ringtrain.launcher.cli import CommandLineError, kvstore_servers, parse_environment
 from ringtrain.launcher.command import (PYTHON_RUNNER_MODULE, SUPERVISOR_MODULE, CommandError,
@@ -23,7 +23,7 @@ from ringtrain.launcher.command import (PYTHON_RUNNER_MODULE, SUPERVISOR_MODULE,
 from ringtrain.launcher.hosts import Host, HostListError, parse_host_list, read_hostfile
 from ringtrain.launcher.mpi_vendor import Vendor, detect_vendor, vendor_version
 from ringtrain.launcher.rank_env import rank_defaults
-from ringtrain.rank_identity import RankIdentity, rank_identity
+from ringtrain.common.rank_identity import RankIdentity, rank_identity
 from ringtrain.launcher.report import RankExit, decode, describe, encode
 from ringtrain.launcher.streams import LinePrefixer, RecordFilter
 
@@ -320,6 +320,7 @@ def test_no_driver_and_no_nvidia_smi_means_no_gpu(tmp_path, monkeypatch):
     assert rank_env.nvidia_gpus() == []
 
 
+@pytest.mark.processes
 def test_nvidia_smi_is_asked_when_the_driver_folder_is_missing(tmp_path, monkeypatch):
     smi = tmp_path / "nvidia-smi"
     smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-1234)'\n"
@@ -438,6 +439,7 @@ BAD_INPUT = [
 ]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("arguments, message", BAD_INPUT,
                          ids=[" ".join(arguments) for arguments, _ in BAD_INPUT])
 def test_bad_input_is_one_line_and_exit_code_2_without_mpi(arguments, message, tmp_path):
@@ -450,6 +452,7 @@ def test_bad_input_is_one_line_and_exit_code_2_without_mpi(arguments, message, t
     assert output == ""
 
 
+@pytest.mark.processes
 def test_help_imports_neither_mpi4py_nor_the_collectives(tmp_path):
     probe, errors, output = run_cli(["--help"], tmp_path)
     assert probe["code"] == 0 and errors == []
@@ -457,6 +460,7 @@ def test_help_imports_neither_mpi4py_nor_the_collectives(tmp_path):
     assert probe["started"] == [] and probe["modules"] == []
 
 
+@pytest.mark.processes
 def test_the_console_script_refuses_bad_input():
     script = Path(sys.executable).parent / "ringtrain-run"
     if not script.is_file():
@@ -467,6 +471,7 @@ def test_the_console_script_refuses_bad_input():
     assert result.stderr == "ringtrain-run: error: -np must be a positive number of ranks, got 0\n"
 
 
+@pytest.mark.processes
 def test_python_dash_m_ringtrain_launcher_is_the_same_command():
     result = subprocess.run([sys.executable, "-m", "ringtrain.launcher", "-np", "1"],
                             capture_output=True, text=True, timeout=60,
@@ -475,6 +480,7 @@ def test_python_dash_m_ringtrain_launcher_is_the_same_command():
     assert result.stderr.startswith("ringtrain-run: error: no command to run")
 
 
+@pytest.mark.processes
 def test_the_module_reads_the_python_options_of_this_interpreter():
     """Every one-letter option CPython documents is either known or refused (never
     mistaken for a program)."""
@@ -486,13 +492,14 @@ def test_the_module_reads_the_python_options_of_this_interpreter():
     assert letters - known <= set("hV?"), letters - known
 
 
+@pytest.mark.processes
 def test_no_launcher_module_but_the_probe_imports_mpi4py_or_the_collectives(tmp_path):
     modules = sorted(path.stem for path in (Path(command_module.__file__).parent).glob("*.py")
                      if path.stem not in ("__main__", "build_probe"))
     probe = ("import importlib, json, sys\n"
              f"for name in {modules!r}:\n"
              "    importlib.import_module('ringtrain.launcher.' + name)\n"
-             "importlib.import_module('ringtrain.excepthook')\n"
+             "importlib.import_module('ringtrain.common.excepthook')\n"
              "print(json.dumps(sorted(m for m in sys.modules if m.startswith("
              "('mpi4py', 'ringtrain.collectives', 'ringtrain.kernels')))))\n")
     result = subprocess.run([sys.executable, "-I", "-c", probe], cwd=tmp_path,

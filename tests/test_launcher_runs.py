@@ -24,6 +24,8 @@ from ringtrain.launcher import job
 from ringtrain.launcher.job import FAILURE_GRACE, TERMINATE_GRACE
 from ringtrain.launcher.report import RankExit, encode
 
+pytestmark = pytest.mark.processes
+
 PROGRAMS = Path(__file__).resolve().parent / "launcher_programs"
 FAILING = str(PROGRAMS / "rank1_fails.py")
 RUN_TIMEOUT = 60.0

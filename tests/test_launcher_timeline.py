@@ -50,6 +50,7 @@ def test_the_collectives_use_the_launchers_naming_rule_and_variable():
     assert timeline.TIMELINE_VARIABLE == timeline_merge.TIMELINE_VARIABLE == "RINGTRAIN_TIMELINE"
 
 
+@pytest.mark.processes
 def test_the_merge_module_imports_nothing_heavy(tmp_path):
     probe = ("import json, sys\n"
              "import ringtrain.launcher.timeline_merge\n"
@@ -101,6 +102,7 @@ def test_the_option_with_the_variable_set_by_env_is_refused(tmp_path):
     ("missing/t.json", "--timeline missing/t.json: no directory "),
     (".", "is a directory; give a file name"),
 ])
+@pytest.mark.processes
 def test_bad_timeline_paths_are_refused_before_anything_starts(tmp_path, timeline_argument,
                                                                message):
     (tmp_path / "t.py").write_text("print('should not run')\n")
@@ -112,6 +114,7 @@ def test_bad_timeline_paths_are_refused_before_anything_starts(tmp_path, timelin
     assert probe["started"] == [] and probe["modules"] == []
 
 
+@pytest.mark.processes
 def test_the_env_conflict_is_one_line_and_exit_code_2(tmp_path):
     (tmp_path / "t.py").write_text("print('should not run')\n")
     probe, errors, _ = run_cli(["-np", "2", "--timeline", "t.json", "--env",
@@ -121,6 +124,7 @@ def test_the_env_conflict_is_one_line_and_exit_code_2(tmp_path):
                       "the timeline: give --timeline alone"]
 
 
+@pytest.mark.processes
 def test_help_shows_the_option(tmp_path):
     probe, _, output = run_cli(["--help"], tmp_path)
     assert probe["code"] == 0 and "--timeline PATH" in output
@@ -206,6 +210,7 @@ def test_merge_reads_the_array_format_and_may_write_over_an_input(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["array.json", "rank.json"]  # no temporary left
 
 
+@pytest.mark.processes
 def test_merge_from_the_command_line(tmp_path):
     files = [str(tmp_path / f"t.rank{rank}.json") for rank in range(2)]
     for rank, file in enumerate(files):
@@ -309,6 +314,7 @@ def assert_job_trace(path: Path, ranks: int, restart: int = 0) -> list[dict]:
     return events
 
 
+@pytest.mark.processes
 @needs_mpi
 def test_a_job_of_two_ranks_writes_one_trace(tmp_path):
     path = tmp_path / "t.json"
@@ -322,6 +328,7 @@ def test_a_job_of_two_ranks_writes_one_trace(tmp_path):
                                            f"{path} ({len(events)} events)"), run
 
 
+@pytest.mark.processes
 @needs_mpi
 def test_a_job_of_one_rank_writes_the_trace_itself(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -334,6 +341,7 @@ def test_a_job_of_one_rank_writes_the_trace_itself(tmp_path, monkeypatch):
                                            f"{tmp_path / 't.json'} ({len(events)} events)"), run
 
 
+@pytest.mark.processes
 @needs_mpi
 def test_a_failed_job_still_writes_its_trace_before_the_summary(tmp_path):
     path = tmp_path / "t.json"
@@ -347,6 +355,7 @@ def test_a_failed_job_still_writes_its_trace_before_the_summary(tmp_path):
     assert lines[-1].startswith("ringtrain-run: rank 1 raised ValueError: rank 1 fails"), run
 
 
+@pytest.mark.processes
 @needs_mpi
 def test_after_a_restart_the_trace_is_the_last_starts(tmp_path):
     path = tmp_path / "t.json"
@@ -359,6 +368,7 @@ def test_after_a_restart_the_trace_is_the_last_starts(tmp_path):
                                            f"{path} ({len(events)} events)"), run
 
 
+@pytest.mark.processes
 @needs_mpi
 @pytest.mark.parametrize("variable, ending", [("RINGTRAIN_TIMELINE", "exit"),
                                               ("HOROVOD_TIMELINE", "shutdown")])

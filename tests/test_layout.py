@@ -45,6 +45,7 @@ def test_reduce_op_names():
     assert repr(ringtrain.Sum) == "ringtrain.Sum"
 
 
+@pytest.mark.processes
 def test_no_top_level_modules_from_the_source_folders(tmp_path):
     """Run from an empty directory, so the repository root is not on sys.path: only the
     installed distribution decides what is importable."""
@@ -66,6 +67,7 @@ def test_no_top_level_modules_from_the_source_folders(tmp_path):
     assert Path(found["ringtrain.path"]).resolve() == ROOT / "ringtrain"
 
 
+@pytest.mark.processes
 def test_importing_ringtrain_or_its_launcher_does_not_start_mpi(tmp_path):
     """``ringtrain.launcher`` must start without mpi4py (importing mpi4py.MPI starts MPI)."""
     probe = ("import sys, ringtrain, ringtrain.launcher\n"
@@ -77,6 +79,7 @@ def test_importing_ringtrain_or_its_launcher_does_not_start_mpi(tmp_path):
     assert result.stdout.strip() == "[]", result.stdout
 
 
+@pytest.mark.processes
 def test_kernels_import_neither_mpi_nor_cuda(tmp_path):
     """``ringtrain.kernels`` is pure array code; ``numba.cuda`` waits for a device array."""
     probe = ("import sys, numpy as np, ringtrain.kernels as k\n"
@@ -89,6 +92,7 @@ def test_kernels_import_neither_mpi_nor_cuda(tmp_path):
     assert result.stdout.strip() == "[]", result.stdout
 
 
+@pytest.mark.processes
 def test_the_torch_backend_installs_as_ringtrain_torch_and_imports_without_mpi(tmp_path):
     """``import ringtrain.torch`` registers the backend; MPI starts at
     ``init_process_group``. Its folder is no top-level module (``torch_backend``)."""
@@ -115,6 +119,7 @@ def test_numba_cuda_is_imported_by_one_module_only():
     assert importing == ["kernels/device.py"], importing
 
 
+@pytest.mark.processes
 def test_host_collectives_and_the_trainer_leave_cuda_unimported(tmp_path):
     """The device path (and ``numba.cuda`` with it) loads when a device tensor is seen."""
     probe = ("import sys, numpy as np, ringtrain as rt, ringtrain.trainer\n"

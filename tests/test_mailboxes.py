@@ -13,7 +13,7 @@ import pytest
 
 from ringtrain.collectives.agreement._agreement import HEADER_BYTES, PAYLOAD_CAPACITY
 from ringtrain.collectives.transport._mailboxes import (MESSAGE_BYTES, box_words, mailbox_receive,
-                                              mailbox_send, new_counters)
+                                                        mailbox_send, new_counters)
 
 YIELD = ctypes.cast(ctypes.CDLL(None).sched_yield, ctypes.c_void_p).value
 

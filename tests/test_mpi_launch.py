@@ -27,12 +27,14 @@ def _failure(nprocs: int, mode: str, **kwargs) -> str:
     return str(caught.value)
 
 
+@pytest.mark.processes
 def test_a_passing_program_returns_its_output():
     output = run_mpi("harness_selftest", 2, "none", timeout=60)
     assert "rank 0: PASS first_check_passes" in output
     assert "all 1 checks passed" in output
 
 
+@pytest.mark.processes
 def test_a_failed_check_is_reported_and_the_next_check_still_runs():
     message = _failure(3, "fail", timeout=60)
     assert "harness_selftest.py with np=3 FAILED with exit status 1" in message
@@ -42,18 +44,21 @@ def test_a_failed_check_is_reported_and_the_next_check_still_runs():
     assert "rank 0: PASS runs_after_the_failure" in message
 
 
+@pytest.mark.processes
 def test_a_rank_failing_while_others_wait_aborts_the_job():
     message = _failure(2, "stuck", timeout=60, env={"RINGTRAIN_TEST_FAIL_WAIT": "1"})
     assert "rank 1: FAIL last_rank_fails_before_the_collective" in message
     assert "ABORT after check last_rank_fails_before_the_collective" in message
 
 
+@pytest.mark.processes
 def test_a_check_that_never_finishes_is_reported_with_stacks():
     message = _failure(2, "block", timeout=60, env={"RINGTRAIN_TEST_CHECK_TIMEOUT": "3"})
     assert "HANG check waits_for_rank_0 did not finish within 3 s" in message
     assert "in waits_for_rank_0" in message  # the stack of a waiting rank was dumped
 
 
+@pytest.mark.processes
 def test_the_launcher_timeout_kills_every_process_and_shows_the_output():
     start = time.monotonic()
     message = _failure(3, "sleep", timeout=10)

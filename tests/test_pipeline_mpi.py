@@ -7,6 +7,8 @@ import pytest
 
 from mpi_launch import TRAINING, run_in_bundle
 
+pytestmark = pytest.mark.processes
+
 pytest.importorskip("torch")
 
 NPROCS = [1, 2, 3, 4]

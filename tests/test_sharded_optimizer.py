@@ -60,6 +60,7 @@ def test_the_partition_is_deterministic():
     assert [b.name for b in first.buckets] == [b.name for b in second.buckets]
 
 
+@pytest.mark.processes
 def test_a_checkpoint_of_two_ranks_continues_on_three(tmp_path):
     environment = {"RINGTRAIN_SHARDED_CHECKPOINT": str(tmp_path)}
     run_mpi("sharded_optimizer", 2, "--only", "checkpoint_across", timeout=120,

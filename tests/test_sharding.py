@@ -224,6 +224,7 @@ def test_without_num_replicas_or_rank_the_job_is_asked():
     f"spec = importlib.util.spec_from_file_location('sharding', {str(SHARDING)!r})\n"
     "spec.loader.exec_module(importlib.util.module_from_spec(spec))",
 ])
+@pytest.mark.processes
 def test_importing_the_module_does_not_import_mpi4py_or_torch(tmp_path, statement):
     probe = (f"import sys\n{statement}\n"
              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mpi4py', 'torch')))\n")

@@ -10,6 +10,8 @@ import pytest
 
 from mpi_launch import run_mpi
 
+pytestmark = pytest.mark.processes
+
 OPS = int(os.environ.get("RINGTRAIN_SOAK_OPS", "2000"))
 
 

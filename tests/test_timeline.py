@@ -379,6 +379,7 @@ print(json.dumps(sorted(name for name in sys.modules if name.startswith(
 """
 
 
+@pytest.mark.processes
 def test_the_module_itself_imports_neither_mpi4py_nor_the_world():
     result = subprocess.run([sys.executable, "-c", ALONE, str(ROOT / "collectives")],
                             capture_output=True, text=True, timeout=60)

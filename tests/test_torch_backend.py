@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from mpi_launch import (ROOT, STALL_CHECK_EVERY_SECOND, STALL_CHECKED, run_checks,
-                        run_in_bundle)
+from mpi_launch import (ROOT, STALL_CHECK_EVERY_SECOND, STALL_CHECKED, run_checks, run_in_bundle)
+
+pytestmark = pytest.mark.processes
 
 pytest.importorskip("torch")
 

@@ -8,6 +8,8 @@ import pytest
 
 from mpi_launch import TRAINING, require_gpu, run_in_bundle, run_mpi
 
+pytestmark = pytest.mark.processes
+
 # Each program and the fewest checks it must report passed.
 PROGRAMS = {"trainer_gold": 17, "trainer_behaviour": 17, "trainer_mixed_precision": 28,
             "sharded_optimizer": 26}

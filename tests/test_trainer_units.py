@@ -109,6 +109,7 @@ def test_repeated_names_each_once_in_the_order_they_first_repeat():
     assert repeated_names([]) == []
 
 
+@pytest.mark.processes
 def test_importing_the_trainer_imports_neither_mpi_nor_torch():
     code = ("import sys, ringtrain.trainer as t; t.DistributedSampler; "
             "assert 'mpi4py' not in sys.modules and 'torch' not in sys.modules, "

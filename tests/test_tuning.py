@@ -11,13 +11,14 @@ import pytest
 
 from ringtrain.collectives import MismatchError, tuning
 from ringtrain.collectives.algorithms._selection import (allreduce_algorithm, auto_choice,
-                                              broadcast_algorithm, reducescatter_algorithm)
+                                                         broadcast_algorithm,
+                                                         reducescatter_algorithm)
 from ringtrain.collectives.world._tuning_load import Found, agree_on_table
 from ringtrain.collectives.bench.tune import candidates, ranges_of, tuned_sizes, winner
 from ringtrain.collectives.config import Settings
-from ringtrain.collectives.tuning import (Range, TableError, TuningTable, default_choice,
-                                          key_of, parse_table)
-from ringtrain.variables import tuning_file
+from ringtrain.collectives.tuning import (Range, TableError, TuningTable, default_choice, key_of,
+                                          parse_table)
+from ringtrain.common.environment import tuning_file
 
 from mpi_launch import run_checks
 
@@ -249,6 +250,7 @@ def test_tune_measures_every_algorithm_and_merges_equal_winners():
     assert winner(seconds, "recursive_doubling", 0.05) == "ring"
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("nprocs", [1, 2, 3], ids=["np1", "np2", "np3"])
 def test_tables_on_real_ranks(nprocs):
     run_checks("tuning", nprocs, 6, timeout=180)

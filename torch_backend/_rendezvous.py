@@ -30,7 +30,7 @@ from urllib.parse import parse_qsl, urlparse
 
 import torch.distributed as dist
 
-from ..rank_identity import rank_identity
+from ..common.rank_identity import rank_identity
 
 CONNECT_SECONDS = 2.0
 """How long a rank on another node tries each of rank 0's addresses."""

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..collectives.config import current_settings
 from ..collectives.errors import InvalidArgumentError
-from ..variables import FUSION_THRESHOLD
+from ..common.environment import FUSION_THRESHOLD
 
 DEFAULT_FUSION_THRESHOLD: int = FUSION_THRESHOLD.default
 """Bytes per bucket unless told otherwise (see docs/trainer.md for the measurement)."""

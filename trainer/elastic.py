@@ -33,7 +33,7 @@ failure: when the discovered hosts change, the launcher says so, and at the next
 :meth:`State.commit` (or :meth:`State.check_host_updates`) every rank raises
 :class:`HostsChanged`, which ends the process with status 0 once that commit is on disk;
 the launcher then starts the job on the new hosts, where :meth:`State.restore` resumes
-from that commit (see :mod:`ringtrain.resize_protocol`). No step is lost and no rank is
+from that commit (see :mod:`ringtrain.common.resize_protocol`). No step is lost and no rank is
 killed mid-step.
 
 ``import ringtrain.elastic`` (or ``from ringtrain import elastic``) imports neither
@@ -52,9 +52,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..atomic_file import write_atomically
-from ..resize_protocol import HOSTS_UPDATED, RESIZING, is_marked, path_in
-from ..variables import ELASTIC_DIR, RESTART_COUNT
+from ..common.atomic_file import write_atomically
+from ..common.environment import ELASTIC_DIR, RESTART_COUNT
+from ..common.resize_protocol import HOSTS_UPDATED, RESIZING, is_marked, path_in
 
 ELASTIC_DIR_VARIABLE = ELASTIC_DIR.name
 RESTART_COUNT_VARIABLE = RESTART_COUNT.name

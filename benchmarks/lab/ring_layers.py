@@ -33,7 +33,7 @@ from mpi4py import MPI
 import ringtrain as rt
 from ringtrain.collectives.algorithms import _compiled_ring, _ring
 from ringtrain.collectives.world._world import world
-from ringtrain.variables import parse_size
+from ringtrain.common.environment import parse_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/small_calls.py
 from small_calls import mean_time  # noqa: E402

@@ -23,7 +23,7 @@ import threading
 
 import numpy as np
 
-from ...variables import RESULT_POOL_BYTES
+from ...common.environment import RESULT_POOL_BYTES
 
 MIN_BYTES = 256 << 10
 """Smaller results come from numpy. From about this size glibc may map a new result

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from mpi4py import MPI
 
-from ...variables import BENCH_INJECT_WRONG
+from ...common.environment import BENCH_INJECT_WRONG
 from .cases import Call, Case, Variant, variants
 from .options import Options, iterations_for
 

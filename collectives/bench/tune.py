@@ -13,7 +13,7 @@ wins, unless the built-in table's choice is within ``--tolerance`` (default 5%) 
 a tuned table departs from the built-in one only where it measured a clear difference,
 not where noise decided. Consecutive sizes with the same winner make one range, which rank 0
 writes atomically to ``--output`` (default: ``RINGTRAIN_TUNING_FILE``, else the user's
-cache directory; see :func:`ringtrain.variables.tuning_file`).
+cache directory; see :func:`ringtrain.common.environment.tuning_file`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ... import collectives as rt
-from ...atomic_file import write_atomically
-from ...variables import ALGORITHMS, TUNING_FILE, tuning_file
+from ...common.atomic_file import write_atomically
+from ...common.environment import ALGORITHMS, TUNING_FILE, tuning_file
 from ..tuning import TUNABLE, Range, TuningTable, default_choice
 from ..world._topology import HIERARCHICAL, layout_of
 from ..world._tuning_load import job_key

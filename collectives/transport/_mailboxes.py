@@ -37,7 +37,7 @@ from mpi4py import MPI
 from numba import types
 from numba.extending import intrinsic
 
-from ...variables import AGREEMENT_SHARED_MEMORY
+from ...common.environment import AGREEMENT_SHARED_MEMORY
 from ..base._group import Group
 from ._native_calls import call_c, copy_bytes, mpi_functions
 

@@ -24,7 +24,7 @@ from mpi4py import MPI
 from numba import types
 from numba.extending import intrinsic
 
-from ...variables import COMPILED_EXCHANGE
+from ...common.environment import COMPILED_EXCHANGE
 from ..logs import LOGGER
 
 _HANDLE_DTYPES = {4: np.dtype(np.int32), 8: np.dtype(np.int64)}

@@ -35,7 +35,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from ...variables import STALL_SHUTDOWN_SECONDS
+from ...common.environment import STALL_SHUTDOWN_SECONDS
 from ..base._activity import Activity, PeerWait, _ranks, entry
 from ..logs import LOGGER
 

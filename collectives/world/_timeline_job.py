@@ -16,7 +16,7 @@ import time
 
 from mpi4py import MPI
 
-from ...timeline_format import merge_files, rank_path
+from ...common.timeline_format import merge_files, rank_path
 from .. import timeline
 from ..logs import LOGGER
 

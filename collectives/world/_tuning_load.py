@@ -1,7 +1,7 @@
 """Loading the tuning table at ``init``: every rank reads the file itself, the ranks
 compare what they read, and all of them use it or none.
 
-Each rank reads the file at :func:`~ringtrain.variables.tuning_file` and says what it
+Each rank reads the file at :func:`~ringtrain.common.environment.tuning_file` and says what it
 found (a digest of the bytes, ``missing`` or ``unreadable``) in the one allgather that
 ``init`` makes anyway. Ranks that found different things get a
 :class:`~ringtrain.MismatchError` naming them and their paths. When all found the same
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from mpi4py import MPI
 
-from ...variables import TUNING_FILE, tuning_file
+from ...common.environment import TUNING_FILE, tuning_file
 from ..errors import MismatchError
 from ..logs import LOGGER
 from ..tuning import TableError, TuningKey, TuningTable, digest, install, key_of, parse_table

@@ -8,9 +8,10 @@ import os
 
 from mpi4py import MPI
 
-from ...excepthook import install_unless_replaced
+from ...common.environment import (STOP_JOB_ON_EXCEPTION, TIMELINE, TIMELINE_MERGED_BY_LAUNCHER,
+                                   horovod_lines)
+from ...common.excepthook import install_unless_replaced
 from ...kernels import set_host_threads
-from ...variables import STOP_JOB_ON_EXCEPTION, TIMELINE, TIMELINE_MERGED_BY_LAUNCHER, horovod_lines
 from .. import timeline
 from ..base._activity import ACTIVITY
 from ..base._executor import Executor

@@ -16,9 +16,8 @@ from ringtrain.collectives.algorithms._ring import reduce_scatter as python_redu
 from ringtrain.collectives.algorithms._selection import auto_choice
 from ringtrain.collectives.world._topology import layout_of
 from ringtrain.collectives.world._world import world
-from _harness import (COPY_DTYPES, OPS, REDUCE_DTYPES, WORLD, assert_equal_arrays,
-                      assert_reduced, check, configured, expect_raises, main, make_input,
-                      reduce_reference)
+from _harness import (COPY_DTYPES, OPS, REDUCE_DTYPES, WORLD, assert_equal_arrays, assert_reduced,
+                      check, configured, expect_raises, main, make_input, reduce_reference)
 
 # --------------------------------------------------------------------------- allgather
 

@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 import ringtrain as rt
 import ringtrain.torch
-from ringtrain.timeline_format import rank_path
+from ringtrain.common.timeline_format import rank_path
 from _harness import check, expect_raises, main, rng
 
 RED = dist.ReduceOp

@@ -27,7 +27,7 @@ from ringtrain.collectives._allreduce import allreduce_plan
 from ringtrain.collectives.world._world import world
 from ringtrain.collectives.bench import tune
 from ringtrain.collectives.tuning import Range, TuningTable, default_choice, key_of, parse_table
-from ringtrain.variables import TUNING_FILE
+from ringtrain.common.environment import TUNING_FILE
 from _harness import (COPY_DTYPES, REDUCE_DTYPES, WORLD, all_inputs, assert_equal_arrays,
                       assert_reduced, check, expect_raises, main, make_input, reduce_reference)
 

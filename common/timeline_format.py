@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import BinaryIO
 
 from .atomic_file import write_atomically
-from .variables import TIMELINE
+from .environment import TIMELINE
 
 __all__ = ["TIMELINE_VARIABLE", "OPENING", "CLOSING", "rank_path", "read_trace", "merge",
            "merge_files"]

@@ -1,5 +1,5 @@
-"""ringtrain.variables: every RINGTRAIN_* variable declared once, read through the table,
-with one policy on malformed values (two variables raise)."""
+"""ringtrain.common.environment: every RINGTRAIN_* variable declared once, read through
+the table, with one policy on malformed values (two variables raise)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from ringtrain import variables
+from ringtrain.common import environment
 from ringtrain.collectives import config
 from ringtrain.collectives.config import Settings, configure, reset_settings
 from ringtrain.trainer._buckets import DEFAULT_FUSION_THRESHOLD, fusion_threshold
-from ringtrain.variables import RAISE, VARIABLES, WARN, Variable
+from ringtrain.common.environment import RAISE, VARIABLES, WARN, Variable
 
 from test_architecture import MODULES
 
@@ -101,7 +101,7 @@ def read(variable: Variable, environ: dict[str, str]) -> tuple[object, list[str]
 # --------------------------------------------------------------------------- the table
 
 def test_every_variable_is_declared_once_with_a_parser_and_a_default():
-    declared = [value for value in vars(variables).values() if isinstance(value, Variable)]
+    declared = [value for value in vars(environment).values() if isinstance(value, Variable)]
     assert len(declared) == len(VARIABLES) == len({v.name for v in declared})
     for name, variable in VARIABLES.items():
         assert variable.name == name and re.fullmatch(r"RINGTRAIN_[A-Z0-9_]+", name)
@@ -120,7 +120,7 @@ def test_only_the_cuda_aware_override_and_the_gpu_choice_raise():
 
 def test_every_setting_has_its_variable_and_its_default():
     for field in dataclasses.fields(Settings):
-        variable = variables.setting_variable(field.name)
+        variable = environment.setting_variable(field.name)
         assert variable.name == config.environment_variable(field.name)
         assert variable.setting == field.name
         assert getattr(Settings(), field.name) == variable.default
@@ -136,9 +136,9 @@ def test_the_launcher_sets_the_variables_it_declares():
 
 
 def test_config_re_exports_the_table_s_parsers():
-    assert config.parse_size is variables.parse_size
-    assert config.environment_variable is variables.environment_variable
-    assert config.ALGORITHMS is variables.ALGORITHMS
+    assert config.parse_size is environment.parse_size
+    assert config.environment_variable is environment.environment_variable
+    assert config.ALGORITHMS is environment.ALGORITHMS
 
 
 # --------------------------------------------------------------------------- reading
@@ -159,9 +159,9 @@ def test_a_malformed_value_warns_once_naming_variable_and_value_and_gives_the_de
 
 
 def test_the_warning_text():
-    _, warned = read(variables.SEGMENT_BYTES, {"RINGTRAIN_SEGMENT_BYTES": "12x"})
+    _, warned = read(environment.SEGMENT_BYTES, {"RINGTRAIN_SEGMENT_BYTES": "12x"})
     assert warned == ["ignoring RINGTRAIN_SEGMENT_BYTES='12x': not a size: '12x'"]
-    _, warned = read(variables.SEGMENT_BYTES, {"RINGTRAIN_SEGMENT_BYTES": "10"})
+    _, warned = read(environment.SEGMENT_BYTES, {"RINGTRAIN_SEGMENT_BYTES": "10"})
     assert warned == ["ignoring RINGTRAIN_SEGMENT_BYTES='10': segment_bytes must be >= 64, "
                       "got 10"]
 
@@ -182,14 +182,14 @@ def test_blank_is_unset_where_declared(name):
 
 def test_read_takes_os_environ_by_default(monkeypatch):
     monkeypatch.setenv("RINGTRAIN_RESTART_COUNT", "3")
-    assert variables.RESTART_COUNT.read() == 3
+    assert environment.RESTART_COUNT.read() == 3
 
 
 def test_pop_reads_and_removes():
     environ = {"RINGTRAIN_REPORT_FD": "9", "OTHER": "1"}
-    assert variables.REPORT_FD.pop(environ) == 9
+    assert environment.REPORT_FD.pop(environ) == 9
     assert environ == {"OTHER": "1"}
-    assert variables.REPORT_FD.pop(environ) is None
+    assert environment.REPORT_FD.pop(environ) is None
 
 
 # --------------------------------------------------------------------------- configure
@@ -241,11 +241,12 @@ def _names_a_variable(key: ast.AST) -> bool:
         return isinstance(key.value, str) and key.value.startswith("RINGTRAIN_")
     if isinstance(key, ast.Name):
         return key.id.endswith("_VARIABLE") or \
-            isinstance(getattr(variables, key.id, None), Variable)
+            isinstance(getattr(environment, key.id, None), Variable)
     return isinstance(key, ast.Attribute) and key.attr == "name"
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != "ringtrain.variables"))
+@pytest.mark.parametrize("module", sorted(m for m in MODULES
+                                          if m != "ringtrain.common.environment"))
 def test_no_module_but_the_table_reads_a_ringtrain_variable(module):
     tree = ast.parse(MODULES[module].read_text())
     documentation = _documentation(tree)
@@ -253,9 +254,11 @@ def test_no_module_but_the_table_reads_a_ringtrain_variable(module):
                        if isinstance(node, ast.Constant) and isinstance(node.value, str)
                        and id(node) not in documentation
                        and re.fullmatch(r"RINGTRAIN_[A-Z0-9_]*", node.value)})
-    assert not literals, f"{module} names {literals}: take the name from ringtrain.variables"
+    assert not literals, \
+        f"{module} names {literals}: take the name from ringtrain.common.environment"
     reads = [ast.unparse(key) for key in _environment_reads(tree) if _names_a_variable(key)]
-    assert not reads, f"{module} reads {reads} from the environment: use ringtrain.variables"
+    assert not reads, \
+        f"{module} reads {reads} from the environment: use ringtrain.common.environment"
 
 
 def test_the_source_scan_finds_reads():
@@ -269,9 +272,11 @@ def test_the_source_scan_finds_reads():
     assert keys == ["'RINGTRAIN_X'", "SEGMENT_VARIABLE", "TIMELINE.name", "'RINGTRAIN_Y'"]
 
 
-@pytest.mark.parametrize("module", ["ringtrain.variables", "ringtrain.timeline_format"])
+@pytest.mark.processes
+@pytest.mark.parametrize("module", ["ringtrain.common.environment",
+                                    "ringtrain.common.timeline_format"])
 def test_importing_the_table_imports_neither_mpi4py_nor_the_subpackages(tmp_path, module):
-    probe = (f"import json, sys\nimport {module}\nfrom ringtrain import variables\n"
+    probe = (f"import json, sys\nimport {module}\nfrom ringtrain.common import environment\n"
              "print(json.dumps(sorted(m for m in sys.modules if m.startswith(("
              "'mpi4py', 'numpy', 'ringtrain.collectives', 'ringtrain.trainer', "
              "'ringtrain.kernels', 'ringtrain.launcher')))))\n")
@@ -282,7 +287,7 @@ def test_importing_the_table_imports_neither_mpi4py_nor_the_subpackages(tmp_path
 
 
 def test_the_table_imports_only_the_standard_library():
-    tree = ast.parse(Path(variables.__file__).read_text())
+    tree = ast.parse(Path(environment.__file__).read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree)
                 if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)

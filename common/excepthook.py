@@ -31,8 +31,8 @@ import traceback
 from collections.abc import Collection
 from types import TracebackType
 
+from .environment import REPORT_FD
 from .rank_identity import rank_identity
-from .variables import REPORT_FD
 
 REPORT_FD_VARIABLE = REPORT_FD.name
 """Set by the supervisor to a pipe on which the hook reports the exception."""
