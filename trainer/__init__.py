@@ -15,7 +15,7 @@ _EXPORTS = {
     "GradientReducer": "gradient_reducer",
     "broadcast_parameters": "state_broadcast",
     "broadcast_optimizer_state": "state_broadcast",
-    "DistributedSampler": "sharding",
+    "DistributedSampler": "distributed_sampler",
     "LoadBalancer": "balance",
     "BalancedBatchSampler": "balanced_sampler",
     "join": "uneven",

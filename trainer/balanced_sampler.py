@@ -1,7 +1,7 @@
 """``BalancedBatchSampler``: this rank's share of each global batch, as a batch sampler.
 
 Each epoch's order is the permutation of ``0 .. n-1`` drawn from ``seed + epoch`` (as
-:class:`~ringtrain.trainer.sharding.DistributedSampler` draws it), cut into global
+:class:`~ringtrain.trainer.distributed_sampler.DistributedSampler` draws it), cut into global
 batches of ``B`` consecutive positions: global batch ``g`` is positions ``[g·B,
 (g+1)·B)``, whatever the number of ranks or their shares. Within a global batch the
 ranks take consecutive runs in rank order, rank ``r`` the ``shares[r]`` positions after
@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from .sharding import check_int, dataset_length, epoch_order, invalid_argument
+from .distributed_sampler import check_int, dataset_length, epoch_order, invalid_argument
 from .balance_shares import split_batch
 
 MODES = ("pad", "drop", "exact")

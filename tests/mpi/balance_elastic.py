@@ -23,7 +23,7 @@ import numpy as np
 
 import ringtrain as rt
 from ringtrain import elastic
-from ringtrain.trainer.sharding import epoch_order
+from ringtrain.trainer.distributed_sampler import epoch_order
 
 SAMPLES, FEATURES, BATCH, EPOCHS = 40, 4, 8, 3
 SEED = 11

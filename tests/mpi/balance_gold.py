@@ -26,7 +26,7 @@ import numpy as np
 import ringtrain as rt
 from _harness import WORLD, Digests, check, log, main, rng
 from ringtrain.balance import scale_loss
-from ringtrain.trainer.sharding import epoch_order
+from ringtrain.trainer.distributed_sampler import epoch_order
 
 try:
     import torch

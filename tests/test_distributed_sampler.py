@@ -1,4 +1,4 @@
-"""ringtrain.trainer.sharding: DistributedSampler's shards, order and errors."""
+"""ringtrain.trainer.distributed_sampler: DistributedSampler's shards, order and errors."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from ringtrain.collectives.errors import InvalidArgumentError, NotInitializedError
-from ringtrain.trainer.sharding import DistributedSampler
+from ringtrain.trainer.distributed_sampler import DistributedSampler
 
 REPLICAS = [1, 2, 3, 4, 7]
 LENGTHS = [0, 1, 2, 5, 10, 11, 97]
-SHARDING = Path(__file__).resolve().parents[1] / "trainer" / "sharding.py"
+SAMPLER = Path(__file__).resolve().parents[1] / "trainer" / "distributed_sampler.py"
 
 
 def shards(n, replicas, **options):
@@ -218,10 +218,10 @@ def test_without_num_replicas_or_rank_the_job_is_asked():
 
 
 @pytest.mark.parametrize("statement", [
-    "import ringtrain.trainer.sharding",
+    "import ringtrain.trainer.distributed_sampler",
     # The module by itself, whatever the package's __init__ imports.
     "import importlib.util\n"
-    f"spec = importlib.util.spec_from_file_location('sharding', {str(SHARDING)!r})\n"
+    f"spec = importlib.util.spec_from_file_location('distributed_sampler', {str(SAMPLER)!r})\n"
     "spec.loader.exec_module(importlib.util.module_from_spec(spec))",
 ])
 @pytest.mark.processes
