@@ -19,7 +19,7 @@ from .base._checks import byte_view, flat, input_array
 from .base._executor import Handle
 from .base._group import Group
 from .base._ops import COPY_DTYPES, check_dtype
-from .calls._calls import collective_call, run_validated
+from .calls._calls import collective_call, run_kept
 from .config import Settings, current_settings
 from .memory._memory import AWARE, HOST, HostMemory, goes_direct
 from .memory._placement import memory_for, staged
@@ -50,13 +50,11 @@ def allgather(tensor: np.ndarray, name: str | None = None,
         A new array of shape ``(sum of first dimensions, *tensor.shape[1:])``.
     """
     if type(tensor) is np.ndarray:  # a call made before runs as planned then
-        plan = _PLANS.get(_key(False, tensor, name, process_set, algorithm), process_set,
-                          "allgather", name)
-        if plan is not None and plan.gather is not None:
-            return run_validated("allgather", name, process_set, _carried, plan, tensor)
-        if plan is not None and tensor.flags.c_contiguous:
-            return run_validated("allgather", name, process_set, _gathered, plan, HOST,
-                                 tensor.reshape(1) if tensor.ndim == 0 else tensor, None)
+        result = run_kept("allgather", name, process_set, _PLANS.get(
+            _key(False, tensor, name, process_set, algorithm), process_set, "allgather",
+            name), tensor, False, _planned, None, _carried_run, None, None, None)
+        if result is not None:
+            return result
     return collective_call("allgather", name, process_set,
                            lambda: _prepare(tensor, name, process_set, algorithm),
                            restore=results_like(tensor))
@@ -129,9 +127,9 @@ class _AllgatherPlan:
         call: the signature the ranks compare.
         gather_layout: ``layout`` where the rows may take the hierarchical algorithm
             (it is then part of ``call``), else None.
-        gather: how the ranks' row counts, and their rows where they fit, travel in the
+        carried: how the ranks' row counts, and their rows where they fit, travel in the
             agreement's messages (``recursive_doubling``), or None.
-        count: this rank's row count, as the gather's words.
+        count: this rank's row count, as ``carried``'s words.
         even_counts: every rank's row count when each gives as many rows as this one.
         even_shape, even_sizes, even_choice: then, the result's shape, the bytes of each
             rank and ``auto``'s algorithm.
@@ -146,7 +144,7 @@ class _AllgatherPlan:
         self.settings = settings = current_settings()
         self.group = group = resolve_group(process_set, "allgather", name)
         self.row_shape = row_shape = tuple(array.shape[1:])
-        self.gather: CarriedGather | None = None
+        self.carried: CarriedGather | None = None
         self.checked: CheckedCollective | None = None
         if on_device:
             self.layout, self.chosen = None, "native"
@@ -178,15 +176,15 @@ class _AllgatherPlan:
         if chosen == "recursive_doubling":
             rows = array.shape[0] if array.shape else 1
             # The rows ride where the table takes recursive doubling for their size.
-            self.gather = CarriedGather(group, self.call, 1, array.nbytes
-                                        if self.even_choice == "recursive_doubling" else 0)
+            self.carried = CarriedGather(group, self.call, 1, array.nbytes
+                                         if self.even_choice == "recursive_doubling" else 0)
             self.count = np.array([rows], np.int64)
             self.even_counts = np.full(group.size, rows, np.int64)
             self.even_shape = (rows * group.size, *row_shape)
             self.even_sizes = [array.nbytes] * group.size
             kind = ALLGATHER if self.even_choice == "native" else MAILBOX_ALLGATHER \
                 if self.even_choice == "pairwise" and mailboxes_of(group) else None
-            if not self.gather.carries_data and kind is not None:
+            if not self.carried.carries_data and kind is not None:
                 self.checked = checked_collective(group, self.call, kind, BYTES,
                                                   array.nbytes, words=self.count)
 
@@ -210,7 +208,7 @@ def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
     else:
         memory, rows = HOST, array.reshape(1) if array.ndim == 0 else array
 
-    if plan.gather is not None:
+    if plan.carried is not None:
         return lambda: _carried(plan, array)
 
     def run() -> Any:
@@ -255,10 +253,10 @@ def _carried(plan: _AllgatherPlan, array: np.ndarray) -> np.ndarray:
         if counts is None:  # every count the same: the rows have arrived
             return output
     else:
-        counts, carried = plan.gather.run(plan.count, mine)
+        counts, carried = plan.carried.run(plan.count, mine)
         if counts is None:  # every count the same
             if carried is not None:
-                return np.ndarray(plan.even_shape, rows.dtype, carried, plan.gather.data_offset)
+                return np.ndarray(plan.even_shape, rows.dtype, carried, plan.carried.data_offset)
             if plan.even_choice == "native":
                 output = HOST.new(rows, plan.even_shape)
                 _native.allgather(plan.group, mine, output.reshape(-1).view(np.uint8),
@@ -267,3 +265,16 @@ def _carried(plan: _AllgatherPlan, array: np.ndarray) -> np.ndarray:
     return gather_rows(plan.group, rows, plan.row_shape, "auto", plan.gather_layout,
                        plan.settings.segment_bytes, settings=plan.settings,
                        counts=plan.even_counts if counts is None else counts[:, 0])[0]
+
+
+def _planned(plan: _AllgatherPlan, collective: str, name: str | None, tensor: np.ndarray,
+             output: None, first: None, second: None) -> np.ndarray:
+    """The run of a kept plan (see :func:`run_kept`): the new array."""
+    return _gathered(plan, HOST, tensor.reshape(1) if tensor.ndim == 0 else tensor, None)
+
+
+def _carried_run(plan: _AllgatherPlan, collective: str, name: str | None, tensor: np.ndarray,
+                 output: None, first: None, second: None) -> np.ndarray:
+    """The run of a kept plan whose row counts ride in the agreement (see
+    :func:`run_kept`): the new array."""
+    return _carried(plan, tensor)

@@ -16,8 +16,9 @@ from .base._executor import Handle
 from .base._ops import ReduceOp
 from .base._result_pool import RESULTS
 from .calls._allreduce_run import reduce_grouped, reduce_planned
-from .calls._calls import collective_call, run_validated
-from .calls._plans import GroupedCall, allreduce_plan, kept_allreduce_plan
+from .calls._calls import collective_call, run_kept
+from .calls._plans import (AllreducePlan, GroupedCall, allreduce_plan,
+                           kept_allreduce_plan)
 from .errors import InvalidArgumentError, subject
 from .memory._placement import memory_for
 from .world._process_sets import ProcessSet
@@ -61,19 +62,12 @@ def allreduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | N
             communication.
     """
     if type(tensor) is np.ndarray:  # a call made before runs as planned then
-        plan = kept_allreduce_plan(tensor, op, name, prescale_factor, postscale_factor,
-                                   process_set, algorithm, compression, "allreduce")
-        if plan is not None and tensor.flags.c_contiguous:
-            if plan.carried is None:
-                output = RESULTS.empty(tensor.shape, tensor.dtype)
-                run_validated("allreduce", name, process_set, reduce_planned, plan,
-                              "allreduce", name, tensor.reshape(-1), output.reshape(-1),
-                              prescale_factor, postscale_factor)
-                return output
-            output = np.empty(tensor.shape, tensor.dtype)
-            run_validated("allreduce", name, process_set, plan.carried.run, tensor, output,
-                          prescale_factor)
-            return output
+        result = run_kept("allreduce", name, process_set, kept_allreduce_plan(
+            tensor, op, name, prescale_factor, postscale_factor, process_set, algorithm,
+            compression, "allreduce"), tensor, False, _planned, RESULTS.empty, _carried,
+            np.empty, prescale_factor, postscale_factor)
+        if result is not None:
+            return result
     return collective_call("allreduce", name, process_set,
                            lambda: prepare(tensor, op, name, prescale_factor, postscale_factor,
                                            process_set, algorithm, compression, in_place=False),
@@ -86,20 +80,13 @@ def allreduce_(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | 
                algorithm: str | None = None,
                compression: Compressor = Compression.none) -> np.ndarray:
     """In-place :func:`allreduce`: ``tensor`` receives the result and is returned."""
-    if type(tensor) is np.ndarray:
-        plan = kept_allreduce_plan(tensor, op, name, prescale_factor, postscale_factor,
-                                   process_set, algorithm, compression, "allreduce_")
-        flags = tensor.flags
-        if plan is not None and flags.c_contiguous and flags.writeable:
-            if plan.carried is None:
-                flat_tensor = tensor.reshape(-1)
-                run_validated("allreduce_", name, process_set, reduce_planned, plan,
-                              "allreduce_", name, flat_tensor, flat_tensor, prescale_factor,
-                              postscale_factor)
-            else:
-                run_validated("allreduce_", name, process_set, plan.carried.run, tensor,
-                              tensor, prescale_factor)
-            return tensor
+    if type(tensor) is np.ndarray:  # a call made before runs as planned then
+        result = run_kept("allreduce_", name, process_set, kept_allreduce_plan(
+            tensor, op, name, prescale_factor, postscale_factor, process_set, algorithm,
+            compression, "allreduce_"), tensor, True, _planned, None, _carried, None,
+            prescale_factor, postscale_factor)
+        if result is not None:
+            return result
     return collective_call("allreduce_", name, process_set,
                            lambda: prepare(tensor, op, name, prescale_factor, postscale_factor,
                                            process_set, algorithm, compression, in_place=True),
@@ -234,6 +221,22 @@ def prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
         return output
 
     return run
+
+
+def _planned(plan: AllreducePlan, collective: str, name: str | None, tensor: np.ndarray,
+             output: np.ndarray, prescale_factor: float, postscale_factor: float) -> None:
+    """The run of a kept plan (see :func:`run_kept`): reduce C-contiguous ``tensor``
+    into ``output`` (may be it)."""
+    source = tensor.reshape(-1)
+    reduce_planned(plan, collective, name, source,
+                   source if output is tensor else output.reshape(-1), prescale_factor,
+                   postscale_factor)
+
+
+def _carried(plan: AllreducePlan, collective: str, name: str | None, tensor: np.ndarray,
+             output: np.ndarray, prescale_factor: float, postscale_factor: float) -> None:
+    """The run of a kept plan whose data rides in the agreement (see :func:`run_kept`)."""
+    plan.carried.run(tensor, output, prescale_factor)
 
 
 def prepare_grouped(tensors: Sequence[Any], op: Any, name: str | None,

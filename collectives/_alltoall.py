@@ -20,7 +20,7 @@ from .base._checks import byte_view, check_splits, check_splittable, flat, input
 from .base._executor import Handle
 from .base._group import Group
 from .base._ops import COPY_DTYPES, check_dtype
-from .calls._calls import collective_call, run_validated
+from .calls._calls import collective_call, run_kept
 from .config import Settings, current_settings
 from .memory._memory import AWARE, HOST, goes_direct
 from .memory._placement import memory_for, staged
@@ -51,11 +51,11 @@ def alltoall(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = Non
         order, and how many rows came from each rank (int64).
     """
     if type(tensor) is np.ndarray and splits is None:  # a small call made before runs
-        plan = _PLANS.get(_key(False, tensor, name, process_set, algorithm), process_set,
-                          "alltoall", name)
-        if plan is not None and plan.gather is not None and tensor.flags.c_contiguous:
-            return run_validated("alltoall", name, process_set, _carried, plan,
-                                 byte_view(tensor), plan.even_splits, tensor)
+        result = run_kept("alltoall", name, process_set, _PLANS.get(
+            _key(False, tensor, name, process_set, algorithm), process_set, "alltoall",
+            name), tensor, False, None, None, _carried_run, None, None, None)
+        if result is not None:
+            return result
     return collective_call("alltoall", name, process_set,
                            lambda: _prepare(tensor, splits, name, process_set, algorithm),
                            restore=results_like(tensor))
@@ -80,7 +80,7 @@ class _AlltoallPlan:
             resolved once the ranks' splits are known).
         call: the signature the ranks compare.
         row_bytes: the bytes of one row.
-        gather: how the splits matrix, and the whole send buffers where they are small,
+        carried: how the splits matrix, and the whole send buffers where they are small,
             travel in the agreement's messages (``recursive_doubling``), or None.
         even_splits: the splits when none are given (rows cut as evenly as possible).
         even_matrix: the matrix of splits when no rank gives any, as a list of lists.
@@ -103,7 +103,7 @@ class _AlltoallPlan:
         self.group = group = resolve_group(process_set, "alltoall", name)
         row_shape = tuple(array.shape[1:])
         self.row_bytes = row_bytes = array.dtype.itemsize * math.prod(row_shape)
-        self.gather: CarriedGather | None = None
+        self.carried: CarriedGather | None = None
         self.checked: CheckedCollective | None = None
         self.even_splits = check_splits(None, array.shape[0], group.size, name)
         self.even_matrix = [self.even_splits.tolist()] * group.size
@@ -129,8 +129,8 @@ class _AlltoallPlan:
                 received * group.size, auto_choice("alltoall", array.nbytes, group.size,
                                                    settings, self.layout))
             moved_by = self.even_move.algorithm
-            self.gather = CarriedGather(group, self.call, group.size,
-                                        array.nbytes if moved_by == "recursive_doubling" else 0)
+            self.carried = CarriedGather(group, self.call, group.size,
+                                         array.nbytes if moved_by == "recursive_doubling" else 0)
             kind = ALLTOALL if moved_by == "native" else \
                 MAILBOX_ALLTOALL if moved_by == "pairwise" and mailboxes_of(group) else None
             if kind is not None and len(set(self.even_move.sent)) == 1:
@@ -160,7 +160,7 @@ def _prepare(tensor: Any, splits: Any, name: str | None, process_set: ProcessSet
         memory, send = memory_for(AWARE, on_device.device), on_device.memory
     else:
         memory, send = HOST, flat(array).view(np.uint8)
-    if plan.gather is not None:
+    if plan.carried is not None:
         return lambda: _carried(plan, send, send_splits, array)
 
     def run() -> tuple[Any, np.ndarray]:
@@ -205,7 +205,7 @@ def _carried(plan: _AlltoallPlan, send: np.ndarray, send_splits: np.ndarray,
             return output, plan.even_splits.copy()
         carried = None
     else:
-        matrix, carried = plan.gather.run(send_splits, send)
+        matrix, carried = plan.carried.run(send_splits, send)
         if matrix is None:  # every rank's splits are this rank's
             if send_splits is plan.even_splits:
                 return _even_blocks(plan, send, carried, array), plan.even_received.copy()
@@ -219,7 +219,7 @@ def _carried(plan: _AlltoallPlan, send: np.ndarray, send_splits: np.ndarray,
         target = output.reshape(-1).view(np.uint8)
         written = 0
         for source, row in enumerate(rows):
-            start = plan.gather.data_offset + source * mine + sum(row[:rank]) * row_bytes
+            start = plan.carried.data_offset + source * mine + sum(row[:rank]) * row_bytes
             length = row[rank] * row_bytes
             target[written:written + length] = carried[start:start + length]
             written += length
@@ -241,7 +241,7 @@ def _even_blocks(plan: _AlltoallPlan, send: np.ndarray, carried: np.ndarray | No
     start, length = plan.even_block
     itemsize = array.dtype.itemsize
     blocks = np.ndarray((plan.group.size, length // itemsize), array.dtype, carried,
-                        plan.gather.data_offset + start, (send.nbytes, itemsize))
+                        plan.carried.data_offset + start, (send.nbytes, itemsize))
     return np.ascontiguousarray(blocks).reshape(plan.even_move.rows, *array.shape[1:])
 
 
@@ -290,3 +290,10 @@ def _exchange_splits(group: Group, send_splits: np.ndarray, row_bytes: int, chos
     received_splits[:] = matrix[:, group.rank]
     nbytes = int(matrix.sum()) * row_bytes // group.size
     return received_splits, auto_choice("alltoall", nbytes, group.size, settings)
+
+
+def _carried_run(plan: _AlltoallPlan, collective: str, name: str | None, tensor: np.ndarray,
+                 output: None, first: None, second: None) -> tuple[np.ndarray, np.ndarray]:
+    """The run of a kept plan whose splits ride in the agreement, with the even splits
+    (see :func:`run_kept`): ``(received, received_splits)``."""
+    return _carried(plan, byte_view(tensor), plan.even_splits, tensor)

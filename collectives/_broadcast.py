@@ -17,7 +17,7 @@ from .base._checks import byte_view, flat, in_place_array, input_array, root_in_
 from .base._executor import Handle
 from .base._group import Group
 from .base._ops import COPY_DTYPES, check_dtype
-from .calls._calls import collective_call, run_validated
+from .calls._calls import collective_call, run_kept
 from .config import current_settings
 from .memory._memory import AWARE, HOST, HostMemory, goes_direct
 from .memory._placement import memory_for, staged
@@ -44,15 +44,12 @@ def broadcast(tensor: np.ndarray, root_rank: int, name: str | None = None,
         MismatchError: ranks passed different shapes, dtypes, roots or names.
     """
     if type(tensor) is np.ndarray:  # a call made before runs as planned then
-        plan = _PLANS.get(_key("broadcast", False, tensor, root_rank, name, process_set,
-                               algorithm), process_set, "broadcast", name)
-        if plan is not None and tensor.flags.c_contiguous:
-            if plan.carried is None:
-                return run_validated("broadcast", name, process_set, _broadcast, plan, HOST,
-                                     tensor, tensor, tensor, False)
-            output = np.empty(tensor.shape, tensor.dtype)
-            run_validated("broadcast", name, process_set, _carried, plan, tensor, output)
-            return output
+        result = run_kept("broadcast", name, process_set, _PLANS.get(
+            _key("broadcast", False, tensor, root_rank, name, process_set, algorithm),
+            process_set, "broadcast", name), tensor, False, _planned, None, _carried_run,
+            np.empty, None, None)
+        if result is not None:
+            return result
     return collective_call("broadcast", name, process_set,
                            lambda: _prepare(tensor, root_rank, name, process_set, algorithm,
                                             in_place=False),
@@ -64,15 +61,12 @@ def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None,
                algorithm: str | None = None) -> np.ndarray:
     """In-place :func:`broadcast`: ``tensor`` receives the root's data and is returned."""
     if type(tensor) is np.ndarray:  # a call made before runs as planned then
-        plan = _PLANS.get(_key("broadcast_", False, tensor, root_rank, name, process_set,
-                               algorithm), process_set, "broadcast_", name)
-        flags = tensor.flags
-        if plan is not None and flags.c_contiguous and flags.writeable:
-            if plan.carried is None:
-                return run_validated("broadcast_", name, process_set, _broadcast, plan, HOST,
-                                     tensor, tensor, tensor, True)
-            run_validated("broadcast_", name, process_set, _carried, plan, tensor, tensor)
-            return tensor
+        result = run_kept("broadcast_", name, process_set, _PLANS.get(
+            _key("broadcast_", False, tensor, root_rank, name, process_set, algorithm),
+            process_set, "broadcast_", name), tensor, True, _planned, None, _carried_run,
+            None, None, None)
+        if result is not None:
+            return result
     return collective_call("broadcast_", name, process_set,
                            lambda: _prepare(tensor, root_rank, name, process_set, algorithm,
                                             in_place=True),
@@ -248,6 +242,13 @@ def _broadcast(plan: _BroadcastPlan, memory: Any, array: Any, source: Any, owner
     return output
 
 
+def _planned(plan: _BroadcastPlan, collective: str, name: str | None, tensor: np.ndarray,
+             output: np.ndarray | None, first: None, second: None) -> np.ndarray:
+    """The run of a kept plan (see :func:`run_kept`): into ``output``, ``tensor`` itself
+    in place, or (None) into a new array."""
+    return _broadcast(plan, HOST, tensor, tensor, tensor, output is not None)
+
+
 def _key(collective: str, on_device: bool, array: Any, root_rank: Any, name: str | None,
          process_set: ProcessSet | None, algorithm: str | None) -> tuple:
     """What a broadcast's plan is kept by."""
@@ -258,3 +259,9 @@ def _key(collective: str, on_device: bool, array: Any, root_rank: Any, name: str
 def _carried(plan: _BroadcastPlan, array: np.ndarray, output: np.ndarray) -> None:
     """A small broadcast in the agreement's own messages, into C-contiguous ``output``."""
     plan.carried.run(byte_view(array), byte_view(output))
+
+
+def _carried_run(plan: _BroadcastPlan, collective: str, name: str | None, tensor: np.ndarray,
+                 output: np.ndarray, first: None, second: None) -> None:
+    """The run of a kept plan whose data rides in the agreement (see :func:`run_kept`)."""
+    _carried(plan, tensor, output)

@@ -27,7 +27,7 @@ from .base._group import Group
 from .base._ops import ReduceOp, resolve_op
 from .base._result_pool import RESULTS
 from .calls._allreduce_run import warn_nonfinite
-from .calls._calls import collective_call, run_validated
+from .calls._calls import collective_call, run_kept
 from .config import current_settings
 from .errors import InvalidArgumentError, subject
 from .memory._memory import AWARE, HOST, goes_direct
@@ -75,12 +75,11 @@ def reducescatter(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str
         plan = _PLANS.get(_key(False, tensor, op, name, prescale_factor, postscale_factor,
                                process_set, algorithm, compression, splits), process_set,
                           "reducescatter", name)
-        if plan is not None and plan.compressor is None and tensor.flags.c_contiguous:
-            if plan.carried is not None:
-                return run_validated("reducescatter", name, process_set, _carried, plan,
-                                     tensor, prescale_factor)
-            return run_validated("reducescatter", name, process_set, _reduced, plan, HOST,
-                                 tensor.reshape(-1), tensor, prescale_factor)
+        if plan is None or plan.compressor is None:
+            result = run_kept("reducescatter", name, process_set, plan, tensor, False,
+                              _planned, None, _carried_run, None, prescale_factor, None)
+            if result is not None:
+                return result
     return collective_call("reducescatter", name, process_set,
                            lambda: _prepare(tensor, op, name, prescale_factor, postscale_factor,
                                             process_set, algorithm, compression, splits),
@@ -372,3 +371,17 @@ def _by_recursive_doubling(group: Group, call: Call, source: np.ndarray,
     else:
         finish.into(share, output.reshape(-1))
     return output
+
+
+def _planned(plan: _ReducescatterPlan, collective: str, name: str | None, tensor: np.ndarray,
+             output: None, prescale_factor: float, second: None) -> np.ndarray:
+    """The run of a kept uncompressed plan (see :func:`run_kept`): this rank's share."""
+    return _reduced(plan, HOST, tensor.reshape(-1), tensor, prescale_factor)
+
+
+def _carried_run(plan: _ReducescatterPlan, collective: str, name: str | None,
+                 tensor: np.ndarray, output: None, prescale_factor: float,
+                 second: None) -> np.ndarray:
+    """The run of a kept plan whose data rides in the agreement (see :func:`run_kept`):
+    this rank's share."""
+    return _carried(plan, tensor, prescale_factor)

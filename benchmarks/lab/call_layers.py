@@ -104,7 +104,7 @@ def allgather_layers(elements: int, comm: MPI.Comm) -> dict[str, Callable[[], ob
     rt.allgather(data)  # makes the plan
     plan = _allgather._PLANS.get(_allgather._key(False, data, None, None, None), None,
                                  "allgather", None)
-    gather = None if plan is None else plan.gather
+    gather = None if plan is None else plan.carried
     checked = None if gather is None or not gather.carries_data else gather._held
     if checked is None:
         return {}

@@ -492,7 +492,7 @@ def allgather_rows_ride_in_the_agreement_only_where_the_table_says_so():
         plan = _AllgatherPlan(inputs[me], "ride", None, None, False)
         rides = auto_choice("allgather", inputs[me].nbytes * k, k, settings,
                             layout_of(world().group, settings)) == "recursive_doubling"
-        assert plan.gather.carries_data == rides, (row_count, plan.gather.carries_data)
+        assert plan.carried.carries_data == rides, (row_count, plan.carried.carries_data)
         assert (plan.checked is not None) == (k > 1 and not rides), row_count
         assert_equal_arrays(rt.allgather(inputs[me], name="ride"), np.concatenate(inputs),
                             f"allgather of {row_count} rows a rank")
