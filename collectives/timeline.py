@@ -38,11 +38,15 @@ is announced once, at first use, by a ``thread_name`` event (and a
 (``"ph": "i"``) moments. ``otherData.start_unix_us`` is the wall-clock time at which
 the timeline started; the merge uses it to line the ranks up.
 
-**The file is valid JSON at every moment**: after each event it ends with the closing
-``]}``, and the next event is written over that closing, followed by a new one; each
-event is flushed to the operating system (no ``fsync``). A reader may load it while the
-job runs (one that reads during a write may find it cut short: reading again gives a
-complete file), and a killed rank leaves a complete file behind.
+**The file is valid JSON at every moment**: it ends with the closing ``]}``, and new
+events are written over that closing, followed by a new one, and flushed to the
+operating system (no ``fsync``). Events are written in batches: the first event more
+than :data:`FLUSH_SECONDS` after the last write writes every event kept since, as do
+:meth:`Timeline.flush`, closing the timeline, and the stall inspector at each of its
+checks while a call waits. A write per event would cost a system call each, more than a
+small collective takes. A reader may load the file while the job runs (one that reads
+during a write may find it cut short: reading again gives a complete file), and a killed
+rank leaves a complete file behind, without the events of its last moments.
 
 **Phases** ringtrain records (the event names):
 
@@ -75,6 +79,7 @@ and ``ringtrain-run`` merges them into ``PATH`` when the job has ended (by hand:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import sys
@@ -82,6 +87,7 @@ import threading
 import time
 from typing import Any
 
+from ..common.excepthook import before_stopping
 from ..common.timeline_format import CLOSING, OPENING, TIMELINE_VARIABLE, rank_path
 from .errors import NotInitializedError
 
@@ -96,6 +102,11 @@ _world_place: tuple[int, int] | None = None
 
 _CLOSING = CLOSING.encode()
 _starting = threading.Lock()
+
+_closed_at_exit: list[bool] = []
+
+FLUSH_SECONDS = 0.05
+"""Events kept longer than this are written with the next event."""
 
 
 def _plain(value: Any) -> Any:
@@ -161,7 +172,8 @@ class _Span:
 
 
 class Timeline:
-    """One rank's trace-event file, written event by event (see the module's description).
+    """One rank's trace-event file, written in batches of events (see the module's
+    description).
 
     Events may come from any thread. After :meth:`close`, events are ignored.
 
@@ -198,6 +210,8 @@ class Timeline:
                 self._file.close()  # flushes again, and fails again
             raise _unwritable(error, path) from None
         self._end = len(head)  # where the closing text starts
+        self._kept: list[str] = []  # events not yet written
+        self._written_at = time.monotonic()
 
     @property
     def closed(self) -> bool:
@@ -209,8 +223,24 @@ class Timeline:
         return (time.perf_counter() - self._origin) * 1e6
 
     def _write(self, events: list[str]) -> None:
-        """Write ``events`` over the closing text, then the closing text again. Holds the lock."""
-        data = "".join(",\n" + event for event in events).encode()
+        """Keep ``events``; write the kept ones where :data:`FLUSH_SECONDS` have passed
+        since the last write. Holds the lock."""
+        self._kept += events
+        if time.monotonic() - self._written_at >= FLUSH_SECONDS:
+            self._write_kept()
+
+    def flush(self) -> None:
+        """Write every event kept so far."""
+        with self._lock:
+            if self._file is not None and self._kept:
+                self._write_kept()
+
+    def _write_kept(self) -> None:
+        """Write the kept events over the closing text, then the closing text again. Holds
+        the lock."""
+        data = "".join(",\n" + event for event in self._kept).encode()
+        self._kept = []
+        self._written_at = time.monotonic()
         try:
             self._file.seek(self._end)
             self._file.write(data + _CLOSING)
@@ -286,8 +316,10 @@ class Timeline:
             self._write(events)
 
     def close(self) -> None:
-        """Close the file (it is complete already); later events are ignored."""
+        """Write the kept events and close the file; later events are ignored."""
         with self._lock:
+            if self._file is not None and self._kept:
+                self._write_kept()
             file, self._file = self._file, None
         if file is not None:
             with contextlib.suppress(OSError, ValueError):
@@ -334,6 +366,10 @@ def start_timeline(path: str, rank: int | None = None, size: int | None = None) 
     with _starting:
         stop_timeline()
         ACTIVE = Timeline(file, rank)
+        if not _closed_at_exit:  # the events kept when the process ends are written
+            atexit.register(stop_timeline)
+            before_stopping(stop_timeline)
+            _closed_at_exit.append(True)
 
 
 def stop_timeline() -> None:

@@ -28,7 +28,7 @@ import sys
 import termios
 import time
 import traceback
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from types import TracebackType
 
 from .environment import REPORT_FD
@@ -43,6 +43,7 @@ READ_WAIT_SECONDS = 2.0
 _HIDDEN_MODULES = frozenset({"runpy"})
 _hidden_files: frozenset[str] = frozenset()
 _report_fd: int | None = None
+_before_stopping: list[Callable[[], None]] = []
 
 
 def install(hidden_files: Collection[str] = ()) -> None:
@@ -151,6 +152,13 @@ def _running_mpi():
     return None
 
 
+def before_stopping(action: Callable[[], None]) -> None:
+    """Have ``action`` run (its errors ignored) before :func:`stop_job` ends this
+    process: e.g. a file whose writer keeps data in memory is written and closed."""
+    if action not in _before_stopping:
+        _before_stopping.append(action)
+
+
 def stop_job(exit_code: int) -> None:
     """End this process so that the job ends too, if MPI is running; else return.
 
@@ -160,6 +168,11 @@ def stop_job(exit_code: int) -> None:
     mpi = _running_mpi()
     if mpi is None:
         return
+    for action in _before_stopping:
+        try:
+            action()
+        except Exception:  # the job ends anyway: what one action cannot do is lost
+            pass
     _flush_standard_streams()
     if is_supervised():
         os._exit(exit_code)

@@ -171,6 +171,7 @@ def test_merge_takes_the_file_of_a_rank_killed_mid_job(tmp_path):
     files = [tmp_path / "t.rank0.json", tmp_path / "t.rank1.json"]
     write_rank(files[0], 0)
     running = write_rank(files[1], 1, events=3, close=False)  # as a killed rank leaves it
+    running.flush()  # killed after the timeline wrote what it kept
     assert merge([str(file) for file in files], str(tmp_path / "t.json")) > 0
     assert len([e for e in phases(load(tmp_path / "t.json")) if e["pid"] == 1]) == 3
     running.close()

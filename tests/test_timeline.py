@@ -62,7 +62,8 @@ def test_a_new_timeline_is_valid_json_naming_its_rank(tmp_path):
     line.close()
 
 
-def test_the_file_is_valid_json_after_every_event(tmp_path):
+def test_the_file_is_valid_json_after_every_event(tmp_path, monkeypatch):
+    monkeypatch.setattr(timeline, "FLUSH_SECONDS", 0.0)  # every event written at once
     path = tmp_path / "t.json"
     line = Timeline(str(path), 0)
     for count in range(1, 41):
@@ -79,7 +80,28 @@ def test_the_file_is_valid_json_after_every_event(tmp_path):
     line.close()
 
 
-def test_events_from_four_threads_each_leave_a_valid_file(tmp_path):
+def test_events_are_written_in_batches_and_the_file_stays_valid(tmp_path, monkeypatch):
+    monkeypatch.setattr(timeline, "FLUSH_SECONDS", 3600.0)
+    path = tmp_path / "t.json"
+    line = Timeline(str(path), 0)
+    for count in range(3):
+        line.record("row", "pack", line.now(), line.now(), {"n": count})
+        assert phases(load(path)) == []  # kept, and the file still whole
+    line.flush()
+    assert [event["args"]["n"] for event in phases(load(path))] == [0, 1, 2]
+    line.instant("row", "moment")
+    monkeypatch.setattr(timeline, "FLUSH_SECONDS", 0.0)  # the next event writes both
+    line.record("row", "unpack", line.now(), line.now())
+    names = [event["name"] for event in phases(load(path))]
+    assert names == ["pack", "pack", "pack", "moment", "unpack"]
+    monkeypatch.setattr(timeline, "FLUSH_SECONDS", 3600.0)
+    line.record("row", "last", line.now(), line.now())
+    line.close()
+    assert phases(load(path))[-1]["name"] == "last"  # closing writes what was kept
+
+
+def test_events_from_four_threads_each_leave_a_valid_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(timeline, "FLUSH_SECONDS", 0.0)
     path = tmp_path / "t.json"
     line = Timeline(str(path), 1)
     # Check the file after every write, inside the writer's lock: no other event can be
@@ -261,7 +283,8 @@ class _FullDisk:
         pass
 
 
-def test_a_failing_write_stops_the_timeline_not_the_program(tmp_path, capsys):
+def test_a_failing_write_stops_the_timeline_not_the_program(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(timeline, "FLUSH_SECONDS", 0.0)
     path = tmp_path / "t.json"
     line = Timeline(str(path), 0)
     line.record("r", "pack", 0.0, 1.0)

@@ -8,7 +8,8 @@ warm loop suggest: each segment's transfer sweeps the caches, and every interpre
 after it misses (docs/lab/2026-11-26-the-ring-in-compiled-code.md measures it).
 
 Host arrays of the dtypes the compiled exchange combines (:func:`payload_code`),
-uncompressed; the Python ring serves the rest, and any call a timeline records.
+uncompressed; the Python ring serves the rest. A call a timeline records runs the same
+steps in two compiled calls, the reduce-scatter and the allgather, each one phase.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import numba
 import numpy as np
 from mpi4py import MPI
 
+from .. import timeline
 from ..base._finishing import Finisher
 from ..base._group import Group
+from ..base._tracing import phase
 from ..transport._compiled_exchange import (HEADERS_IF_DIFFERENT, CompiledExchange, agreed,
                                             payload_code, pick)
 from ..transport._native_calls import MpiFunctions, call_c, mpi_functions
@@ -31,6 +34,7 @@ from ._ring import ALLGATHER_TAG, REDUCE_SCATTER_TAG, chunk_bounds
 # result, whether the chunks are then gathered (an allreduce) or not (a reduce-scatter);
 # the chunk bounds (size + 1 words), then room for an MPI_Status, follow them.
 _SENDRECV, _SEND, _RECV, _RANK, _SIZE, _SEGMENT, _OP, _OWN_AT, _GATHER, _BOUNDS = range(10)
+_REDUCE_SCATTER, _ALLGATHER, _BOTH = 1, 2, 3  # the halves :func:`_ring_steps` runs
 _MAX_MESSAGE_BYTES = (1 << 31) - 1
 _RINGS_KEPT = 64
 """Descriptions of unchecked rings kept per group (all dropped when it is reached)."""
@@ -102,16 +106,17 @@ def _checked_ring(plan, handles, ring, factors, scratch, fresh_header, source,
     error = agreed(plan, handles, fresh_header, HEADERS_IF_DIFFERENT)
     if error != 0:
         return error
-    return _ring_steps(ring, handles, factors, scratch, source, result)
+    return _ring_steps(ring, handles, factors, scratch, source, result, _BOTH)
 
 
 @numba.njit(cache=True, nogil=True)
-def _ring_steps(ring, handles, factors, scratch, source, result) -> int:
+def _ring_steps(ring, handles, factors, scratch, source, result, halves) -> int:
     """The ring that ``ring`` describes over the communicator of ``handles`` (with
     ``MPI_BYTE``): the reduce-scatter of 1-D ``source``, this rank's chunk finished by
     ``factors`` (see :func:`_finish`) into ``result`` at its place, then, for an
-    allreduce, the allgather of every chunk in ``result`` (may be ``source``): 0 or an
-    MPI error."""
+    allreduce, the allgather of every chunk in ``result`` (may be ``source``); of these,
+    the ``halves`` (``_REDUCE_SCATTER``, ``_ALLGATHER`` or ``_BOTH``): 0 or an MPI
+    error."""
     comm, byte, itemsize = handles[0], handles[1], source.itemsize
     rank, size, op, own_at = ring[_RANK], ring[_SIZE], ring[_OP], ring[_OWN_AT]
     bounds = ring[_BOUNDS:_BOUNDS + size + 1]
@@ -122,7 +127,8 @@ def _ring_steps(ring, handles, factors, scratch, source, result) -> int:
     per_segment = max(1, min(longest, ring[_SEGMENT]))
     received, partial = scratch[:per_segment], scratch[per_segment:2 * per_segment]
     finishing = factors[1] != 1 or factors[2] != 1
-    for piece in range((longest + per_segment - 1) // per_segment):
+    pieces = (longest + per_segment - 1) // per_segment if halves & _REDUCE_SCATTER else 0
+    for piece in range(pieces):
         outgoing = source.ctypes.data  # where the step's data is: a partial sum after the first
         for step in range(size - 1):
             sent_chunk = (rank - step - 1 + size) % size
@@ -147,7 +153,7 @@ def _ring_steps(ring, handles, factors, scratch, source, result) -> int:
             if step == size - 2 and finishing:
                 _finish(into, factors)
             outgoing = into.ctypes.data
-    if ring[_GATHER] == 0:
+    if ring[_GATHER] == 0 or not halves & _ALLGATHER:
         return 0
     for step in range(size - 1):
         sent, arriving = (rank - step + size) % size, (rank - step - 1 + size) % size
@@ -235,7 +241,17 @@ def ring_allreduce(group: Group, source: np.ndarray, result: np.ndarray, combine
     handles, ring = rings[key]
     if ring is None:
         return False
-    error = _ring_steps(ring.words, handles, ring.factors, ring.segments, source, result)
+    if timeline.ACTIVE is None:
+        error = _ring_steps(ring.words, handles, ring.factors, ring.segments, source, result,
+                            _BOTH)
+    else:  # the same steps, each half a phase of the timeline
+        with phase("reduce-scatter", bytes=source.nbytes):
+            error = _ring_steps(ring.words, handles, ring.factors, ring.segments, source,
+                                result, _REDUCE_SCATTER)
+        if error == 0:
+            with phase("allgather", bytes=result.nbytes):
+                error = _ring_steps(ring.words, handles, ring.factors, ring.segments, source,
+                                    result, _ALLGATHER)
     if error != 0:
         raise MPI.Exception(error)
     return True

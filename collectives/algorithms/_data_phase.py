@@ -10,7 +10,6 @@ import numpy as np
 
 from ...kernels import Compressor, bits, encoding_of, reducer
 from ...kernels.reduction import Combine
-from .. import timeline
 from ..base._group import Group
 from ..base._ops import ReduceOp
 from ..base._tracing import phase
@@ -53,8 +52,7 @@ def reduce_flat(group: Group, algorithm: str, source: np.ndarray, result: np.nda
                                          segment_bytes)
         return
     elif algorithm == "ring":
-        if timeline.ACTIVE is not None or not ring_allreduce(group, source, result, combine,
-                                                             finish, segment_bytes):
+        if not ring_allreduce(group, source, result, combine, finish, segment_bytes):
             _ring.allreduce(group, source, result, combine, finish, segment_bytes)
         return
     elif algorithm == "recursive_doubling":

@@ -36,6 +36,7 @@ from typing import Any
 from mpi4py import MPI
 
 from ...common.environment import STALL_SHUTDOWN_SECONDS
+from .. import timeline
 from ..base._activity import Activity, PeerWait, _ranks, entry
 from ..logs import LOGGER
 
@@ -83,6 +84,9 @@ class StallInspector:
             waiting = entry(record) or self._activity.point_to_point
             if waiting is None:
                 continue
+            line = timeline.ACTIVE
+            if line is not None:  # a call that waits shows on the timeline
+                line.flush()
             waited = time.monotonic() - waiting.started
             if self._shutdown and waited >= self._shutdown:
                 LOGGER.error("%s; aborting the job (%s=%g)",

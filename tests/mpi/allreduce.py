@@ -6,7 +6,9 @@ Run: mpiexec -n K python tests/mpi/allreduce.py [--only SUBSTRING]
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import tempfile
 
 import ml_dtypes
 import numpy as np
@@ -15,7 +17,9 @@ import ringtrain as rt
 from ringtrain.collectives.agreement._agreement import _buffers_of
 from ringtrain.collectives.transport._mailboxes import mailboxes_of
 from ringtrain.collectives.engine import allreduce_plan, reduce_planned
+from ringtrain.collectives.algorithms import _ring
 from ringtrain.collectives.algorithms._ring import allreduce as python_ring
+from ringtrain.collectives.timeline import rank_path
 from ringtrain.collectives.world._world import world
 from _harness import (FLOAT_DTYPES, INT_DTYPES, OPS, REDUCE_DTYPES, WORLD, Digests,
                       adasum_reference, all_inputs, assert_equal_arrays, assert_reduced, check,
@@ -602,6 +606,33 @@ def ring_allreduces_run_in_compiled_calls():
         plan = allreduce_plan(np.zeros(5, np.float16), rt.Sum, None, 1.0, 1.0, None, "ring",
                               rt.Compression.none, "allreduce")
         assert plan.checked is None, "float16 in the compiled call"
+
+
+@check(min_size=2)
+def a_traced_ring_allreduce_runs_the_compiled_steps():
+    """With a timeline on, the ring takes the compiled route it takes without one (the
+    Python ring is never entered) and records its reduce-scatter and allgather."""
+    k, me = rt.size(), rt.rank()
+    x = np.arange(3 * k + 1, dtype=np.float32) * (me + 1)
+    expected = np.arange(3 * k + 1, dtype=np.float32) * (k * (k + 1) // 2)
+    directory = tempfile.mkdtemp() if me == 0 else None
+    path = os.path.join(WORLD.bcast(directory), "trace.json")
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the Python ring ran")
+
+    original, _ring.allreduce = _ring.allreduce, refused
+    rt.start_timeline(path)
+    try:
+        assert_equal_arrays(rt.allreduce(x, rt.Sum, name="traced", algorithm="ring"),
+                            expected, "traced ring")
+    finally:
+        rt.stop_timeline()
+        _ring.allreduce = original
+    with open(rank_path(path, me, k)) as trace:
+        names = {event["name"] for event in json.load(trace)["traceEvents"]
+                 if event.get("ph") == "X"}
+    assert {"reduce-scatter", "allgather", "wait for ranks"} <= names, names
 
 
 @check(min_size=2)
