@@ -30,8 +30,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 LAUNCHED_PROGRAMS = ("python", "mpiexec", "mpirun", "ringtrain-", "horovodrun", "torchrun")
 """Programs whose start makes a test slow (an interpreter, MPI ranks, a launcher); the
-helpers libraries run at import (``ldconfig -p`` behind ``ctypes.util.find_library``) are
-not among them."""
+helpers that libraries run at import (``ldconfig -p`` behind ``ctypes.util.find_library``)
+are not among them."""
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +44,12 @@ def _only_marked_tests_start_processes(request: pytest.FixtureRequest,
     start = subprocess.Popen.__init__
 
     def refuse_launches(process: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
-        words = shlex.split(args) if isinstance(args, str) else [os.fspath(a) for a in args]
+        if isinstance(args, str):
+            words = shlex.split(args)
+        elif isinstance(args, (bytes, os.PathLike)):
+            words = [os.fsdecode(args)]
+        else:
+            words = [os.fsdecode(word) for word in args]
         program = os.path.basename(words[0]) if words else ""
         if words and (words[0] == sys.executable or program.startswith(LAUNCHED_PROGRAMS)):
             raise AssertionError(f"{request.node.nodeid} starts {program}: mark it "
