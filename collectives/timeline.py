@@ -103,7 +103,7 @@ _world_place: tuple[int, int] | None = None
 _CLOSING = CLOSING.encode()
 _starting = threading.Lock()
 
-_closed_at_exit: list[bool] = []
+_closed_at_exit = False
 
 FLUSH_SECONDS = 0.05
 """Events kept longer than this are written with the next event."""
@@ -354,7 +354,7 @@ def start_timeline(path: str, rank: int | None = None, size: int | None = None) 
         OSError: the file cannot be written; the message names it.
         ValueError: ``rank`` not in ``range(size)``.
     """
-    global ACTIVE
+    global ACTIVE, _closed_at_exit
     if rank is None or size is None:
         place = _world_place
         if place is None:
@@ -369,7 +369,7 @@ def start_timeline(path: str, rank: int | None = None, size: int | None = None) 
         if not _closed_at_exit:  # the events kept when the process ends are written
             atexit.register(stop_timeline)
             before_stopping(stop_timeline)
-            _closed_at_exit.append(True)
+            _closed_at_exit = True
 
 
 def stop_timeline() -> None:

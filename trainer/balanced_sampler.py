@@ -43,10 +43,10 @@ from typing import Any
 
 import numpy as np
 
-from .distributed_sampler import check_int, dataset_length, epoch_order, invalid_argument
 from .balance_shares import split_batch
+from .distributed_sampler import (check_int, check_mode, check_seed, dataset_length, epoch_order,
+                                  invalid_argument)
 
-MODES = ("pad", "drop", "exact")
 _OWNER = "BalancedBatchSampler"
 
 
@@ -68,12 +68,8 @@ class BalancedBatchSampler:
     def __init__(self, dataset: int | Sized, balancer: Any, shuffle: bool = True,
                  seed: int = 0, mode: str = "pad"):
         length = dataset_length(_OWNER, dataset)
-        if mode not in MODES:
-            raise invalid_argument(f"{_OWNER}: mode must be one of "
-                                   f"{', '.join(map(repr, MODES))}, got {mode!r}")
-        check_int(_OWNER, "seed", seed)
-        if seed < 0:
-            raise invalid_argument(f"{_OWNER}: seed must be >= 0, got {seed}")
+        check_mode(_OWNER, mode)
+        check_seed(_OWNER, seed)
         self._length = length
         self._balancer = balancer
         self._batch = int(balancer.global_batch_size)

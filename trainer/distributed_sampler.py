@@ -69,9 +69,7 @@ class DistributedSampler:
                  rank: int | None = None, shuffle: bool = True, seed: int = 0,
                  mode: str = "pad"):
         length = dataset_length("DistributedSampler", dataset)
-        if mode not in MODES:
-            raise invalid_argument(f"DistributedSampler: mode must be one of "
-                                   f"{', '.join(map(repr, MODES))}, got {mode!r}")
+        check_mode("DistributedSampler", mode)
         if num_replicas is None:
             from ..collectives import size
             num_replicas = size()
@@ -80,15 +78,13 @@ class DistributedSampler:
             rank = world_rank()
         check_int("DistributedSampler", "num_replicas", num_replicas)
         check_int("DistributedSampler", "rank", rank)
-        check_int("DistributedSampler", "seed", seed)
+        check_seed("DistributedSampler", seed)
         if num_replicas < 1:
             raise invalid_argument(f"DistributedSampler: num_replicas must be at least 1, "
                                    f"got {num_replicas}")
         if not 0 <= rank < num_replicas:
             raise invalid_argument(f"DistributedSampler: rank must be in [0, {num_replicas}) for "
                                    f"num_replicas={num_replicas}, got {rank}")
-        if seed < 0:
-            raise invalid_argument(f"DistributedSampler: seed must be >= 0, got {seed}")
         self._length = length
         self._num_replicas = int(num_replicas)
         self._rank = int(rank)
@@ -186,6 +182,20 @@ def dataset_length(owner: str, dataset: int | Sized) -> int:
     if length < 0:
         raise invalid_argument(f"{owner}: the dataset's length must be >= 0, got {length}")
     return length
+
+
+def check_mode(owner: str, mode: str) -> None:
+    """Refuse a ``mode`` that is not one of :data:`MODES`, naming ``owner``."""
+    if mode not in MODES:
+        raise invalid_argument(f"{owner}: mode must be one of "
+                               f"{', '.join(map(repr, MODES))}, got {mode!r}")
+
+
+def check_seed(owner: str, seed: object) -> None:
+    """Refuse a ``seed`` that is not an integer >= 0, naming ``owner``."""
+    check_int(owner, "seed", seed)
+    if seed < 0:
+        raise invalid_argument(f"{owner}: seed must be >= 0, got {seed}")
 
 
 def check_int(owner: str, name: str, value: object) -> None:
