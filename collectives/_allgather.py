@@ -10,8 +10,10 @@ from typing import Any
 import numpy as np
 
 from . import timeline
-from .agreement._agreement import (BYTES, Call, CarriedGather, CheckedCollective, agree,
-                                   checked_collective)
+from .agreement._agreement import agree
+from .agreement._call import BYTES, Call
+from .agreement._carried import CarriedGather
+from .agreement._checked import CheckedCollective, checked_collective
 from .algorithms import _hierarchical, _native, _ring
 from .algorithms._selection import auto_choice, requested
 from .base._buffers import device_tensor, results_like
@@ -24,7 +26,7 @@ from .config import Settings, current_settings
 from .memory._memory import AWARE, HOST, HostMemory, goes_direct
 from .memory._placement import memory_for, staged
 from .transport import _pairwise
-from .transport._compiled_exchange import ALLGATHER, MAILBOX_ALLGATHER
+from .transport._compiled_checked import ALLGATHER, MAILBOX_ALLGATHER
 from .transport._mailboxes import mailboxes_of
 from .world._plan_cache import PlanCache
 from .world._process_sets import ProcessSet, resolve_group

@@ -8,8 +8,10 @@ from typing import Any
 import numpy as np
 
 from . import timeline
-from .agreement._agreement import (BYTES, PAYLOAD_CAPACITY, Call, CarriedBroadcast,
-                                   CheckedCollective, agree, checked_collective)
+from .agreement._agreement import agree
+from .agreement._call import BYTES, PAYLOAD_CAPACITY, Call
+from .agreement._carried import CarriedBroadcast
+from .agreement._checked import CheckedCollective, checked_collective
 from .algorithms import _broadcast_algorithms, _hierarchical, _native
 from .algorithms._selection import broadcast_algorithm
 from .base._buffers import device_tensor, results_like, returns_itself
@@ -21,7 +23,7 @@ from .calls._calls import collective_call, run_kept
 from .config import current_settings
 from .memory._memory import AWARE, HOST, HostMemory, goes_direct
 from .memory._placement import memory_for, staged
-from .transport._compiled_exchange import BROADCAST
+from .transport._compiled_checked import BROADCAST
 from .world._plan_cache import PlanCache
 from .world._process_sets import ProcessSet, resolve_group
 from .world._topology import NodeLayout, hierarchy_for, layout_of

@@ -16,7 +16,9 @@ import numpy as np
 
 from ..kernels.compression import Compression
 from ._allreduce import prepare, prepare_grouped
-from .agreement._agreement import Call, agree, agree_joined, resolve
+from .agreement._agreement import agree, agree_joined
+from .agreement._call import Call
+from .agreement._resolution import resolve
 from .base._group import Group
 from .calls._calls import execute
 from .world._world import world

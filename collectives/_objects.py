@@ -10,7 +10,8 @@ import numpy as np
 
 from ._allgather import gather_rows
 from ._broadcast import broadcast_bytes
-from .agreement._agreement import Call, agree
+from .agreement._agreement import agree
+from .agreement._call import Call
 from .algorithms._selection import broadcast_algorithm
 from .base._checks import root_in_group
 from .calls._calls import execute

@@ -13,8 +13,10 @@ from ..kernels import Compression, Compressor, abs_max, encoding_of, reducer
 from ..kernels.host import scale_into
 from ..kernels.reduction import Combine
 from . import timeline
-from .agreement._agreement import (PAYLOAD_CAPACITY, Call, CarriedReduction, CheckedCollective,
-                                   agree, checked_collective, checked_ring)
+from .agreement._agreement import agree
+from .agreement._call import PAYLOAD_CAPACITY, Call
+from .agreement._carried import CarriedReduction
+from .agreement._checked import CheckedCollective, checked_collective, checked_ring
 from .algorithms import _hierarchical, _native, _ring
 from .algorithms._native import MPI_OPS
 from .algorithms._selection import reducescatter_algorithm
@@ -33,7 +35,7 @@ from .errors import InvalidArgumentError, subject
 from .memory._memory import AWARE, HOST, goes_direct
 from .memory._placement import memory_for, staged
 from .transport import _recursive_doubling
-from .transport._compiled_exchange import REDUCE_SCATTER
+from .transport._compiled_checked import REDUCE_SCATTER
 from .world._plan_cache import PlanCache
 from .world._process_sets import ProcessSet, resolve_group
 from .world._topology import NodeLayout, hierarchy_for, layout_of

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from ringtrain.collectives.transport._compiled_exchange import compiled_exchange, payload_code
+from ringtrain.collectives.transport._compiled_exchange import compiled_exchange
+from ringtrain.collectives.transport._compiled_steps import payload_code
 from ringtrain.collectives.transport._native_calls import call_c, load_mpi_functions
 from ringtrain.kernels import BFLOAT16, reducer
 
@@ -88,8 +89,8 @@ import numpy as np
 from mpi4py import MPI
 from numba.core.errors import NumbaWarning
 warnings.simplefilter("error", NumbaWarning)
-from ringtrain.collectives.transport._compiled_exchange import (HEADERS, PAYLOADS,
-                                                                compiled_exchange, payload_code)
+from ringtrain.collectives.transport._compiled_exchange import compiled_exchange
+from ringtrain.collectives.transport._compiled_steps import HEADERS, PAYLOADS, payload_code
 alone = SimpleNamespace(state={}, rank=0, size=1, comm=MPI.COMM_WORLD)
 exchange = compiled_exchange(alone, 16, 40)
 message, receive = np.zeros(104, np.uint8), np.zeros(1024, np.uint8)

@@ -1,6 +1,6 @@
 """What follows a disagreement: who fails, who waits, what a joined rank replays."""
 
-from ringtrain.collectives.agreement._agreement import resolve
+from ringtrain.collectives.agreement._resolution import resolve
 
 ALLREDUCE = {"collective": "allreduce", "name": "g", "op": "Sum", "compression": "none"}
 GATHER = {"collective": "allgather", "name": "g"}

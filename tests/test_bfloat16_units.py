@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ringtrain.collectives import UnsupportedDtypeError
-from ringtrain.collectives.agreement._agreement import Call
+from ringtrain.collectives.agreement._call import Call
 from ringtrain.collectives.base._buffers import results_like, returns_itself, torch_view
 from ringtrain.collectives.base._checks import (active_compressor, check_reduction, in_place_array,
                                                 input_array)

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from ringtrain.collectives.agreement._agreement import HEADER_BYTES, PAYLOAD_CAPACITY
+from ringtrain.collectives.agreement._call import HEADER_BYTES, PAYLOAD_CAPACITY
 from ringtrain.collectives.transport._mailboxes import (MESSAGE_BYTES, box_words, mailbox_receive,
                                                         mailbox_send, new_counters)
 

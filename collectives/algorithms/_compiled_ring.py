@@ -25,8 +25,8 @@ from .. import timeline
 from ..base._finishing import Finisher
 from ..base._group import Group
 from ..base._tracing import phase
-from ..transport._compiled_exchange import (HEADERS_IF_DIFFERENT, CompiledExchange, agreed,
-                                            payload_code, pick)
+from ..transport._compiled_exchange import CompiledExchange
+from ..transport._compiled_steps import HEADERS_IF_DIFFERENT, agreed, payload_code, pick
 from ..transport._native_calls import MpiFunctions, call_c, mpi_functions
 from ._ring import ALLGATHER_TAG, REDUCE_SCATTER_TAG, chunk_bounds
 

@@ -11,7 +11,8 @@ from typing import Any
 
 from ...kernels import Compressor, FusionLayout, abs_max, pack, reducer, unpack
 from .. import timeline
-from ..agreement._agreement import ValueRange, agree
+from ..agreement._agreement import agree
+from ..agreement._call import ValueRange
 from ..algorithms._adasum import working_dtype
 from ..algorithms._data_phase import hierarchical_wire, reduce_hierarchical
 from ..algorithms._selection import ADASUM

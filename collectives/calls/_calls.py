@@ -10,7 +10,8 @@ from typing import Any
 from mpi4py import MPI
 
 from .. import timeline
-from ..agreement._agreement import Call, agree
+from ..agreement._agreement import agree
+from ..agreement._call import Call
 from ..base._activity import ACTIVITY, entry
 from ..base._buffers import Restore
 from ..base._executor import Handle

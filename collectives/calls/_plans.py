@@ -10,8 +10,9 @@ import numpy as np
 
 from ...kernels import Compressor, FusionLayout, reducer
 from ...kernels.reduction import Combine
-from ..agreement._agreement import (PAYLOAD_CAPACITY, Call, CarriedReduction, checked_collective,
-                                    checked_ring)
+from ..agreement._call import PAYLOAD_CAPACITY, Call
+from ..agreement._carried import CarriedReduction
+from ..agreement._checked import checked_collective, checked_ring
 from ..algorithms._adasum import working_dtype
 from ..algorithms._native import MPI_OPS
 from ..algorithms._ring import chunk_bounds
@@ -22,7 +23,7 @@ from ..base._finishing import Finisher, finisher
 from ..base._ops import ReduceOp, resolve_op
 from ..config import current_settings
 from ..memory._memory import AWARE, IPC, MPI_CANNOT_REDUCE, STAGED, goes_direct
-from ..transport._compiled_exchange import ALLREDUCE
+from ..transport._compiled_checked import ALLREDUCE
 from ..world._plan_cache import PlanCache
 from ..world._process_sets import ProcessSet, resolve_group
 from ..world._topology import HIERARCHICAL, NodeLayout, layout_of

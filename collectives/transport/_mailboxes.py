@@ -43,7 +43,7 @@ from ._native_calls import call_c, copy_bytes, mpi_functions
 
 MESSAGE_BYTES = 128 * 1024 + 64
 """Room in each mailbox: the agreement's largest message (its header and a payload of up
-to :data:`._agreement.PAYLOAD_CAPACITY`)."""
+to :data:`..agreement._call.PAYLOAD_CAPACITY`)."""
 _TAG, _CONSUMED, _LENGTH = 0, 1, 2
 _CONTROL_WORDS = 8
 """A cache line of control words heads each mailbox."""

@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 
 import ringtrain as rt
-from ringtrain.collectives.agreement._agreement import _buffers_of
+from ringtrain.collectives.agreement._agreement import buffers_of
 from ringtrain.collectives.transport._mailboxes import mailboxes_of
 from ringtrain.collectives.engine import allreduce_plan, reduce_planned
 from ringtrain.collectives.algorithms import _ring
@@ -416,7 +416,7 @@ EXCHANGE_OPS = [rt.Sum, rt.Min, rt.Max, rt.Product]
 def python_exchange(on_this_rank: bool = True):
     """The agreement's exchange in Python on this rank for the block, if asked; the
     compiled one otherwise (see collectives/transport/_compiled_exchange.py)."""
-    buffers = _buffers_of(world().group)
+    buffers = buffers_of(world().group)
     compiled = buffers.compiled
     assert compiled is not None, "the compiled exchange is off"
     if on_this_rank:

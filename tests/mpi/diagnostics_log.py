@@ -24,7 +24,7 @@ def main() -> None:
         rt.synchronize(handle)
     except rt.MismatchError as error:
         text = "".join(traceback.format_exception(error))
-        assert "_agreement.py" in text, text
+        assert "_resolution.py" in text, text
         print(f"rank {rt.rank()} caught: {error}", flush=True)
     else:
         assert rt.size() == 1

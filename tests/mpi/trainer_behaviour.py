@@ -168,7 +168,7 @@ def torch_different_models_fail_on_every_rank_then_recover():
         notes = "".join(getattr(error, "__notes__", []))
         assert "while reducing gradient bucket 1/" in notes, notes
         frames = "".join(traceback.format_exception(error))
-        assert "_agreement.py" in frames, frames  # raised on the collectives thread
+        assert "_resolution.py" in frames, frames  # raised on the collectives thread
     model = mlp()
     optimizer = wrapped(model)
     loss_of(model, rt.rank()).backward()

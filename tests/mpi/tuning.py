@@ -22,7 +22,7 @@ import ringtrain as rt
 from ringtrain.collectives.algorithms import _broadcast_algorithms, _native, _ring
 from ringtrain.collectives.transport import _pairwise
 from ringtrain.collectives import tuning
-from ringtrain.collectives.agreement._agreement import CheckedCollective
+from ringtrain.collectives.agreement._checked import CheckedCollective
 from ringtrain.collectives._allreduce import allreduce_plan
 from ringtrain.collectives.world._world import world
 from ringtrain.collectives.bench import tune
