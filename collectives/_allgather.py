@@ -16,12 +16,12 @@ from .agreement._carried import CarriedGather
 from .agreement._checked import CheckedCollective, checked_collective
 from .algorithms import _hierarchical, _native, _ring
 from .algorithms._selection import auto_choice, requested
-from .base._buffers import device_tensor, results_like
+from .base._buffers import device_tensor
 from .base._checks import byte_view, flat, input_array
 from .base._executor import Handle
 from .base._group import Group
 from .base._ops import COPY_DTYPES, check_dtype
-from .calls._calls import collective_call, run_kept
+from .calls._forms import CallForms
 from .config import Settings, current_settings
 from .memory._memory import AWARE, HOST, HostMemory, goes_direct
 from .memory._placement import memory_for, staged
@@ -51,24 +51,14 @@ def allgather(tensor: np.ndarray, name: str | None = None,
     Returns:
         A new array of shape ``(sum of first dimensions, *tensor.shape[1:])``.
     """
-    if type(tensor) is np.ndarray:  # a call made before runs as planned then
-        result = run_kept("allgather", name, process_set, _PLANS.get(
-            _key(False, tensor, name, process_set, algorithm), process_set, "allgather",
-            name), tensor, False, _planned, None, _carried_run, None, None, None)
-        if result is not None:
-            return result
-    return collective_call("allgather", name, process_set,
-                           lambda: _prepare(tensor, name, process_set, algorithm),
-                           restore=results_like(tensor))
+    return _FORMS.blocking(False, tensor, name, process_set, (algorithm,))
 
 
 def allgather_async(tensor: np.ndarray, name: str | None = None,
                     process_set: ProcessSet | None = None, *,
                     algorithm: str | None = None) -> Handle:
     """Start :func:`allgather`; ``synchronize(handle)`` returns the new array."""
-    return collective_call("allgather", name, process_set,
-                           lambda: _prepare(tensor, name, process_set, algorithm),
-                           asynchronous=True, restore=results_like(tensor))
+    return _FORMS.start(False, tensor, name, process_set, (algorithm,))
 
 
 def gather_rows(group: Group, rows: Any, row_shape: tuple[int, ...], algorithm: str,
@@ -194,16 +184,16 @@ class _AllgatherPlan:
 _PLANS: PlanCache[_AllgatherPlan] = PlanCache()
 
 
-def _prepare(tensor: Any, name: str | None, process_set: ProcessSet | None,
+def _prepare(collective: str, tensor: Any, name: str | None, process_set: ProcessSet | None,
              algorithm: str | None) -> Callable[[], Any]:
-    on_device = device_tensor(tensor, "allgather", name)
+    on_device = device_tensor(tensor, collective, name)
     if on_device is not None and not goes_direct(algorithm,
                                                  current_settings().allgather_algorithm):
         return staged(on_device, False,
-                      lambda array: _prepare(array, name, process_set, algorithm))
-    array = on_device if on_device is not None else input_array(tensor, "allgather", name)
+                      lambda array: _prepare(collective, array, name, process_set, algorithm))
+    array = on_device if on_device is not None else input_array(tensor, collective, name)
     key = _key(on_device is not None, array, name, process_set, algorithm)
-    plan = _PLANS.get(key, process_set, "allgather", name) or _PLANS.keep(key, _AllgatherPlan(
+    plan = _PLANS.get(key, process_set, collective, name) or _PLANS.keep(key, _AllgatherPlan(
         array, name, process_set, algorithm, on_device is not None))
     if on_device is not None:
         memory, rows = memory_for(AWARE, on_device.device), on_device.memory
@@ -269,14 +259,24 @@ def _carried(plan: _AllgatherPlan, array: np.ndarray) -> np.ndarray:
                        counts=plan.even_counts if counts is None else counts[:, 0])[0]
 
 
+def _kept(collective: str, tensor: np.ndarray, name: str | None,
+          process_set: ProcessSet | None, arguments: tuple) -> _AllgatherPlan | None:
+    """The plan of an allgather made before like this one, if still valid."""
+    return _PLANS.get(_key(False, tensor, name, process_set, arguments[0]), process_set,
+                      collective, name)
+
+
 def _planned(plan: _AllgatherPlan, collective: str, name: str | None, tensor: np.ndarray,
-             output: None, first: None, second: None) -> np.ndarray:
-    """The run of a kept plan (see :func:`run_kept`): the new array."""
+             output: None, arguments: tuple) -> np.ndarray:
+    """The run of a kept plan (see :class:`CallForms`): the new array."""
     return _gathered(plan, HOST, tensor.reshape(1) if tensor.ndim == 0 else tensor, None)
 
 
 def _carried_run(plan: _AllgatherPlan, collective: str, name: str | None, tensor: np.ndarray,
-                 output: None, first: None, second: None) -> np.ndarray:
+                 output: None, arguments: tuple) -> np.ndarray:
     """The run of a kept plan whose row counts ride in the agreement (see
-    :func:`run_kept`): the new array."""
+    :class:`CallForms`): the new array."""
     return _carried(plan, tensor)
+
+
+_FORMS = CallForms("allgather", _prepare, _kept, _planned, _carried_run)

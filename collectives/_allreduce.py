@@ -10,13 +10,13 @@ from typing import Any
 import numpy as np
 
 from ..kernels import Compression, Compressor
-from .base._buffers import device_tensor, results_like, returns_itself
+from .base._buffers import device_tensor
 from .base._checks import flat, in_place_array, input_array
 from .base._executor import Handle
 from .base._ops import ReduceOp
 from .base._result_pool import RESULTS
 from .calls._allreduce_run import reduce_grouped, reduce_planned
-from .calls._calls import collective_call, run_kept
+from .calls._forms import CallForms
 from .calls._plans import (AllreducePlan, GroupedCall, allreduce_plan,
                            kept_allreduce_plan)
 from .errors import InvalidArgumentError, subject
@@ -61,17 +61,8 @@ def allreduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | N
         InvalidArgumentError, UnsupportedDtypeError: bad arguments, before any
             communication.
     """
-    if type(tensor) is np.ndarray:  # a call made before runs as planned then
-        result = run_kept("allreduce", name, process_set, kept_allreduce_plan(
-            tensor, op, name, prescale_factor, postscale_factor, process_set, algorithm,
-            compression, "allreduce"), tensor, False, _planned, RESULTS.empty, _carried,
-            np.empty, prescale_factor, postscale_factor)
-        if result is not None:
-            return result
-    return collective_call("allreduce", name, process_set,
-                           lambda: prepare(tensor, op, name, prescale_factor, postscale_factor,
-                                           process_set, algorithm, compression, in_place=False),
-                           restore=results_like(tensor))
+    return _FORMS.blocking(False, tensor, name, process_set,
+                           (op, prescale_factor, postscale_factor, algorithm, compression))
 
 
 def allreduce_(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | None = None,
@@ -80,17 +71,8 @@ def allreduce_(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str | 
                algorithm: str | None = None,
                compression: Compressor = Compression.none) -> np.ndarray:
     """In-place :func:`allreduce`: ``tensor`` receives the result and is returned."""
-    if type(tensor) is np.ndarray:  # a call made before runs as planned then
-        result = run_kept("allreduce_", name, process_set, kept_allreduce_plan(
-            tensor, op, name, prescale_factor, postscale_factor, process_set, algorithm,
-            compression, "allreduce_"), tensor, True, _planned, None, _carried, None,
-            prescale_factor, postscale_factor)
-        if result is not None:
-            return result
-    return collective_call("allreduce_", name, process_set,
-                           lambda: prepare(tensor, op, name, prescale_factor, postscale_factor,
-                                           process_set, algorithm, compression, in_place=True),
-                           restore=returns_itself(tensor))
+    return _FORMS.blocking(True, tensor, name, process_set,
+                           (op, prescale_factor, postscale_factor, algorithm, compression))
 
 
 def allreduce_async(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
@@ -102,10 +84,8 @@ def allreduce_async(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
 
     ``tensor`` must not be modified until the handle is complete.
     """
-    return collective_call("allreduce", name, process_set,
-                           lambda: prepare(tensor, op, name, prescale_factor, postscale_factor,
-                                           process_set, algorithm, compression, in_place=False),
-                           asynchronous=True, restore=results_like(tensor))
+    return _FORMS.start(False, tensor, name, process_set,
+                        (op, prescale_factor, postscale_factor, algorithm, compression))
 
 
 def allreduce_async_(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
@@ -114,10 +94,8 @@ def allreduce_async_(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
                      algorithm: str | None = None,
                      compression: Compressor = Compression.none) -> Handle:
     """Start :func:`allreduce_`; ``tensor`` holds the result once the handle is complete."""
-    return collective_call("allreduce_", name, process_set,
-                           lambda: prepare(tensor, op, name, prescale_factor, postscale_factor,
-                                           process_set, algorithm, compression, in_place=True),
-                           asynchronous=True, restore=returns_itself(tensor))
+    return _FORMS.start(True, tensor, name, process_set,
+                        (op, prescale_factor, postscale_factor, algorithm, compression))
 
 
 def grouped_allreduce(tensors: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Average,
@@ -133,11 +111,8 @@ def grouped_allreduce(tensors: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Ave
     Returns:
         New arrays, one per input, in order.
     """
-    return collective_call("grouped_allreduce", name, process_set,
-                           lambda: prepare_grouped(tensors, op, name, prescale_factor,
-                                                   postscale_factor, process_set, algorithm,
-                                                   compression, in_place=False),
-                           restore=results_like(tensors))
+    return _GROUPED_FORMS.blocking(False, tensors, name, process_set,
+                                   (op, prescale_factor, postscale_factor, algorithm, compression))
 
 
 def grouped_allreduce_(tensors: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Average,
@@ -146,11 +121,8 @@ def grouped_allreduce_(tensors: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Av
                        algorithm: str | None = None,
                        compression: Compressor = Compression.none) -> list[np.ndarray]:
     """In-place :func:`grouped_allreduce`; returns the input arrays, now reduced."""
-    return collective_call("grouped_allreduce_", name, process_set,
-                           lambda: prepare_grouped(tensors, op, name, prescale_factor,
-                                                   postscale_factor, process_set, algorithm,
-                                                   compression, in_place=True),
-                           restore=returns_itself(tensors))
+    return _GROUPED_FORMS.blocking(True, tensors, name, process_set,
+                                   (op, prescale_factor, postscale_factor, algorithm, compression))
 
 
 def grouped_allreduce_async(tensors: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Average,
@@ -160,11 +132,8 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray], op: ReduceOp = Reduce
                             algorithm: str | None = None,
                             compression: Compressor = Compression.none) -> Handle:
     """Start :func:`grouped_allreduce`; ``synchronize(handle)`` returns the list."""
-    return collective_call("grouped_allreduce", name, process_set,
-                           lambda: prepare_grouped(tensors, op, name, prescale_factor,
-                                                   postscale_factor, process_set, algorithm,
-                                                   compression, in_place=False),
-                           asynchronous=True, restore=results_like(tensors))
+    return _GROUPED_FORMS.start(False, tensors, name, process_set,
+                                (op, prescale_factor, postscale_factor, algorithm, compression))
 
 
 def grouped_allreduce_async_(tensors: Sequence[np.ndarray], op: ReduceOp = ReduceOp.Average,
@@ -174,18 +143,16 @@ def grouped_allreduce_async_(tensors: Sequence[np.ndarray], op: ReduceOp = Reduc
                              algorithm: str | None = None,
                              compression: Compressor = Compression.none) -> Handle:
     """Start :func:`grouped_allreduce_`."""
-    return collective_call("grouped_allreduce_", name, process_set,
-                           lambda: prepare_grouped(tensors, op, name, prescale_factor,
-                                                   postscale_factor, process_set, algorithm,
-                                                   compression, in_place=True),
-                           asynchronous=True, restore=returns_itself(tensors))
+    return _GROUPED_FORMS.start(True, tensors, name, process_set,
+                                (op, prescale_factor, postscale_factor, algorithm, compression))
 
 
-def prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
-            postscale_factor: float, process_set: ProcessSet | None, algorithm: str | None,
-            compression: Any, in_place: bool) -> Callable[[], Any]:
-    """Validate an allreduce of ``tensor`` and return its body (run it to reduce)."""
-    collective = "allreduce_" if in_place else "allreduce"
+def prepare(collective: str, tensor: Any, name: str | None, process_set: ProcessSet | None,
+            op: Any, prescale_factor: float, postscale_factor: float, algorithm: str | None,
+            compression: Any) -> Callable[[], Any]:
+    """Validate an allreduce of ``tensor`` (``collective`` ``allreduce_``: in place) and
+    return its body (run it to reduce)."""
+    in_place = collective == "allreduce_"
     on_device = device_tensor(tensor, collective, name, in_place)
     if on_device is not None:
         plan = allreduce_plan(on_device, op, name, prescale_factor, postscale_factor,
@@ -224,27 +191,28 @@ def prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
 
 
 def _planned(plan: AllreducePlan, collective: str, name: str | None, tensor: np.ndarray,
-             output: np.ndarray, prescale_factor: float, postscale_factor: float) -> None:
-    """The run of a kept plan (see :func:`run_kept`): reduce C-contiguous ``tensor``
+             output: np.ndarray, arguments: tuple) -> None:
+    """The run of a kept plan (see :class:`CallForms`): reduce C-contiguous ``tensor``
     into ``output`` (may be it)."""
     source = tensor.reshape(-1)
     reduce_planned(plan, collective, name, source,
-                   source if output is tensor else output.reshape(-1), prescale_factor,
-                   postscale_factor)
+                   source if output is tensor else output.reshape(-1), arguments[1],
+                   arguments[2])
 
 
 def _carried(plan: AllreducePlan, collective: str, name: str | None, tensor: np.ndarray,
-             output: np.ndarray, prescale_factor: float, postscale_factor: float) -> None:
-    """The run of a kept plan whose data rides in the agreement (see :func:`run_kept`)."""
-    plan.carried.run(tensor, output, prescale_factor)
+             output: np.ndarray, arguments: tuple) -> None:
+    """The run of a kept plan whose data rides in the agreement (see :class:`CallForms`)."""
+    plan.carried.run(tensor, output, arguments[1])
 
 
-def prepare_grouped(tensors: Sequence[Any], op: Any, name: str | None,
-                    prescale_factor: float, postscale_factor: float,
-                    process_set: ProcessSet | None, algorithm: str | None,
-                    compression: Any, in_place: bool) -> Callable[[], list[Any]]:
-    """Validate a grouped allreduce of ``tensors`` and return its body."""
-    collective = "grouped_allreduce_" if in_place else "grouped_allreduce"
+def prepare_grouped(collective: str, tensors: Sequence[Any], name: str | None,
+                    process_set: ProcessSet | None, op: Any, prescale_factor: float,
+                    postscale_factor: float, algorithm: str | None,
+                    compression: Any) -> Callable[[], list[Any]]:
+    """Validate a grouped allreduce of ``tensors`` (``collective``
+    ``grouped_allreduce_``: in place) and return its body."""
+    in_place = collective == "grouped_allreduce_"
     arguments = (op, name, prescale_factor, postscale_factor, process_set, algorithm,
                  compression, collective)
     on_device = [device_tensor(t, collective, name, in_place) for t in tensors]
@@ -276,3 +244,8 @@ def prepare_grouped(tensors: Sequence[Any], op: Any, name: str | None,
     return lambda: reduce_grouped(grouped, collective, name, arrays,
                                   arrays if in_place else None, prescale_factor,
                                   postscale_factor)
+
+
+_FORMS = CallForms("allreduce", prepare, kept_allreduce_plan, _planned, _carried,
+                   planned_output=RESULTS.empty, carried_output=np.empty)
+_GROUPED_FORMS = CallForms("grouped_allreduce", prepare_grouped)

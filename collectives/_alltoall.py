@@ -17,12 +17,12 @@ from .agreement._carried import CarriedGather
 from .agreement._checked import CheckedCollective, checked_collective
 from .algorithms import _native
 from .algorithms._selection import auto_choice, requested
-from .base._buffers import device_tensor, results_like
+from .base._buffers import device_tensor
 from .base._checks import byte_view, check_splits, check_splittable, flat, input_array
 from .base._executor import Handle
 from .base._group import Group
 from .base._ops import COPY_DTYPES, check_dtype
-from .calls._calls import collective_call, run_kept
+from .calls._forms import CallForms
 from .config import Settings, current_settings
 from .memory._memory import AWARE, HOST, goes_direct
 from .memory._placement import memory_for, staged
@@ -52,24 +52,14 @@ def alltoall(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = Non
         ``(received, received_splits)``: the rows from every rank concatenated in rank
         order, and how many rows came from each rank (int64).
     """
-    if type(tensor) is np.ndarray and splits is None:  # a small call made before runs
-        result = run_kept("alltoall", name, process_set, _PLANS.get(
-            _key(False, tensor, name, process_set, algorithm), process_set, "alltoall",
-            name), tensor, False, None, None, _carried_run, None, None, None)
-        if result is not None:
-            return result
-    return collective_call("alltoall", name, process_set,
-                           lambda: _prepare(tensor, splits, name, process_set, algorithm),
-                           restore=results_like(tensor))
+    return _FORMS.blocking(False, tensor, name, process_set, (splits, algorithm))
 
 
 def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = None,
                    name: str | None = None, process_set: ProcessSet | None = None, *,
                    algorithm: str | None = None) -> Handle:
     """Start :func:`alltoall`; ``synchronize(handle)`` returns ``(received, received_splits)``."""
-    return collective_call("alltoall", name, process_set,
-                           lambda: _prepare(tensor, splits, name, process_set, algorithm),
-                           asynchronous=True, restore=results_like(tensor))
+    return _FORMS.start(False, tensor, name, process_set, (splits, algorithm))
 
 
 class _AlltoallPlan:
@@ -144,16 +134,16 @@ class _AlltoallPlan:
 _PLANS: PlanCache[_AlltoallPlan] = PlanCache()
 
 
-def _prepare(tensor: Any, splits: Any, name: str | None, process_set: ProcessSet | None,
-             algorithm: str | None) -> Callable[[], tuple[Any, np.ndarray]]:
-    on_device = device_tensor(tensor, "alltoall", name)
+def _prepare(collective: str, tensor: Any, name: str | None, process_set: ProcessSet | None,
+             splits: Any, algorithm: str | None) -> Callable[[], tuple[Any, np.ndarray]]:
+    on_device = device_tensor(tensor, collective, name)
     if on_device is not None and not goes_direct(algorithm,
                                                  current_settings().alltoall_algorithm):
-        return staged(on_device, False,
-                      lambda array: _prepare(array, splits, name, process_set, algorithm))
-    array = on_device if on_device is not None else input_array(tensor, "alltoall", name)
+        return staged(on_device, False, lambda array: _prepare(
+            collective, array, name, process_set, splits, algorithm))
+    array = on_device if on_device is not None else input_array(tensor, collective, name)
     key = _key(on_device is not None, array, name, process_set, algorithm)
-    plan = _PLANS.get(key, process_set, "alltoall", name) or _PLANS.keep(key, _AlltoallPlan(
+    plan = _PLANS.get(key, process_set, collective, name) or _PLANS.keep(key, _AlltoallPlan(
         array, name, process_set, algorithm, on_device is not None))
     group, chosen = plan.group, plan.chosen
     send_splits = plan.even_splits if splits is None else \
@@ -294,8 +284,22 @@ def _exchange_splits(group: Group, send_splits: np.ndarray, row_bytes: int, chos
     return received_splits, auto_choice("alltoall", nbytes, group.size, settings)
 
 
+def _kept(collective: str, tensor: np.ndarray, name: str | None,
+          process_set: ProcessSet | None, arguments: tuple) -> _AlltoallPlan | None:
+    """The plan of an alltoall with the even splits made before like this one, if still
+    valid (only a small call's, whose splits ride in the agreement, runs by it)."""
+    splits, algorithm = arguments
+    if splits is not None:
+        return None
+    return _PLANS.get(_key(False, tensor, name, process_set, algorithm), process_set,
+                      collective, name)
+
+
 def _carried_run(plan: _AlltoallPlan, collective: str, name: str | None, tensor: np.ndarray,
-                 output: None, first: None, second: None) -> tuple[np.ndarray, np.ndarray]:
+                 output: None, arguments: tuple) -> tuple[np.ndarray, np.ndarray]:
     """The run of a kept plan whose splits ride in the agreement, with the even splits
-    (see :func:`run_kept`): ``(received, received_splits)``."""
+    (see :class:`CallForms`): ``(received, received_splits)``."""
     return _carried(plan, byte_view(tensor), plan.even_splits, tensor)
+
+
+_FORMS = CallForms("alltoall", _prepare, _kept, carried=_carried_run)

@@ -14,12 +14,12 @@ from .agreement._carried import CarriedBroadcast
 from .agreement._checked import CheckedCollective, checked_collective
 from .algorithms import _broadcast_algorithms, _hierarchical, _native
 from .algorithms._selection import broadcast_algorithm
-from .base._buffers import device_tensor, results_like, returns_itself
+from .base._buffers import device_tensor
 from .base._checks import byte_view, flat, in_place_array, input_array, root_in_group
 from .base._executor import Handle
 from .base._group import Group
 from .base._ops import COPY_DTYPES, check_dtype
-from .calls._calls import collective_call, run_kept
+from .calls._forms import CallForms
 from .config import current_settings
 from .memory._memory import AWARE, HOST, HostMemory, goes_direct
 from .memory._placement import memory_for, staged
@@ -45,54 +45,28 @@ def broadcast(tensor: np.ndarray, root_rank: int, name: str | None = None,
     Raises:
         MismatchError: ranks passed different shapes, dtypes, roots or names.
     """
-    if type(tensor) is np.ndarray:  # a call made before runs as planned then
-        result = run_kept("broadcast", name, process_set, _PLANS.get(
-            _key("broadcast", False, tensor, root_rank, name, process_set, algorithm),
-            process_set, "broadcast", name), tensor, False, _planned, None, _carried_run,
-            np.empty, None, None)
-        if result is not None:
-            return result
-    return collective_call("broadcast", name, process_set,
-                           lambda: _prepare(tensor, root_rank, name, process_set, algorithm,
-                                            in_place=False),
-                           restore=results_like(tensor))
+    return _FORMS.blocking(False, tensor, name, process_set, (root_rank, algorithm))
 
 
 def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None,
                process_set: ProcessSet | None = None, *,
                algorithm: str | None = None) -> np.ndarray:
     """In-place :func:`broadcast`: ``tensor`` receives the root's data and is returned."""
-    if type(tensor) is np.ndarray:  # a call made before runs as planned then
-        result = run_kept("broadcast_", name, process_set, _PLANS.get(
-            _key("broadcast_", False, tensor, root_rank, name, process_set, algorithm),
-            process_set, "broadcast_", name), tensor, True, _planned, None, _carried_run,
-            None, None, None)
-        if result is not None:
-            return result
-    return collective_call("broadcast_", name, process_set,
-                           lambda: _prepare(tensor, root_rank, name, process_set, algorithm,
-                                            in_place=True),
-                           restore=returns_itself(tensor))
+    return _FORMS.blocking(True, tensor, name, process_set, (root_rank, algorithm))
 
 
 def broadcast_async(tensor: np.ndarray, root_rank: int, name: str | None = None,
                     process_set: ProcessSet | None = None, *,
                     algorithm: str | None = None) -> Handle:
     """Start :func:`broadcast`; ``synchronize(handle)`` returns the new array."""
-    return collective_call("broadcast", name, process_set,
-                           lambda: _prepare(tensor, root_rank, name, process_set, algorithm,
-                                            in_place=False),
-                           asynchronous=True, restore=results_like(tensor))
+    return _FORMS.start(False, tensor, name, process_set, (root_rank, algorithm))
 
 
 def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None,
                      process_set: ProcessSet | None = None, *,
                      algorithm: str | None = None) -> Handle:
     """Start :func:`broadcast_`."""
-    return collective_call("broadcast_", name, process_set,
-                           lambda: _prepare(tensor, root_rank, name, process_set, algorithm,
-                                            in_place=True),
-                           asynchronous=True, restore=returns_itself(tensor))
+    return _FORMS.start(True, tensor, name, process_set, (root_rank, algorithm))
 
 
 def broadcast_bytes(group: Group, data: Any, root: int, algorithm: str,
@@ -172,14 +146,14 @@ class _BroadcastPlan:
 _PLANS: PlanCache[_BroadcastPlan] = PlanCache()
 
 
-def _prepare(tensor: Any, root_rank: Any, name: str | None, process_set: ProcessSet | None,
-             algorithm: str | None, in_place: bool) -> Callable[[], Any]:
-    collective = "broadcast_" if in_place else "broadcast"
+def _prepare(collective: str, tensor: Any, name: str | None, process_set: ProcessSet | None,
+             root_rank: Any, algorithm: str | None) -> Callable[[], Any]:
+    in_place = collective == "broadcast_"
     on_device = device_tensor(tensor, collective, name, in_place)
     if on_device is not None and not goes_direct(algorithm,
                                                  current_settings().broadcast_algorithm):
         return staged(on_device, in_place, lambda array: _prepare(
-            array, root_rank, name, process_set, algorithm, in_place))
+            collective, array, name, process_set, root_rank, algorithm))
     array = on_device if on_device is not None else \
         (in_place_array if in_place else input_array)(tensor, collective, name)
     key = _key(collective, on_device is not None, array, root_rank, name, process_set,
@@ -244,10 +218,18 @@ def _broadcast(plan: _BroadcastPlan, memory: Any, array: Any, source: Any, owner
     return output
 
 
+def _kept(collective: str, tensor: np.ndarray, name: str | None,
+          process_set: ProcessSet | None, arguments: tuple) -> _BroadcastPlan | None:
+    """The plan of a broadcast made before like this one, if still valid."""
+    root_rank, algorithm = arguments
+    return _PLANS.get(_key(collective, False, tensor, root_rank, name, process_set, algorithm),
+                      process_set, collective, name)
+
+
 def _planned(plan: _BroadcastPlan, collective: str, name: str | None, tensor: np.ndarray,
-             output: np.ndarray | None, first: None, second: None) -> np.ndarray:
-    """The run of a kept plan (see :func:`run_kept`): into ``output``, ``tensor`` itself
-    in place, or (None) into a new array."""
+             output: np.ndarray | None, arguments: tuple) -> np.ndarray:
+    """The run of a kept plan (see :class:`CallForms`): into ``output``, ``tensor``
+    itself in place, or (None) into a new array."""
     return _broadcast(plan, HOST, tensor, tensor, tensor, output is not None)
 
 
@@ -264,6 +246,10 @@ def _carried(plan: _BroadcastPlan, array: np.ndarray, output: np.ndarray) -> Non
 
 
 def _carried_run(plan: _BroadcastPlan, collective: str, name: str | None, tensor: np.ndarray,
-                 output: np.ndarray, first: None, second: None) -> None:
-    """The run of a kept plan whose data rides in the agreement (see :func:`run_kept`)."""
+                 output: np.ndarray, arguments: tuple) -> None:
+    """The run of a kept plan whose data rides in the agreement (see :class:`CallForms`)."""
     _carried(plan, tensor, output)
+
+
+_FORMS = CallForms("broadcast", _prepare, _kept, _planned, _carried_run,
+                   carried_output=np.empty)

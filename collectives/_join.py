@@ -74,14 +74,14 @@ def _replay(group: Group, fields: dict[str, Any]) -> None:
     compressor = _COMPRESSORS[fields["compression"]]
     zeros = _zeros_on_device if "memory" in fields else np.zeros
     if collective == "allreduce":
-        prepare(zeros(fields["shape"], fields["dtype"]), fields["op"], fields["name"], 1.0,
-                1.0, None, fields["algorithm"], compressor, in_place=True)()
+        prepare("allreduce_", zeros(fields["shape"], fields["dtype"]), fields["name"], None,
+                fields["op"], 1.0, 1.0, fields["algorithm"], compressor)()
         return
     zeros_list = [zeros(shape, dtype) for shape, dtype in zip(fields["shape"], fields["dtype"])]
     algorithms = set(fields["algorithm"])
     algorithm = algorithms.pop() if len(algorithms) == 1 else None
-    prepare_grouped(zeros_list, fields["op"], fields["name"], 1.0, 1.0, None, algorithm,
-                    compressor, in_place=True)()
+    prepare_grouped("grouped_allreduce_", zeros_list, fields["name"], None, fields["op"], 1.0,
+                    1.0, algorithm, compressor)()
 
 
 def _zeros_on_device(shape: tuple[int, ...], dtype: np.dtype) -> Any:

@@ -20,7 +20,7 @@ from .agreement._checked import CheckedCollective, checked_collective, checked_r
 from .algorithms import _hierarchical, _native, _ring
 from .algorithms._native import MPI_OPS
 from .algorithms._selection import reducescatter_algorithm
-from .base._buffers import device_tensor, results_like
+from .base._buffers import device_tensor
 from .base._checks import (active_compressor, check_compression, check_reduction, check_splits,
                            check_splittable, flat, input_array)
 from .base._executor import Handle
@@ -29,7 +29,7 @@ from .base._group import Group
 from .base._ops import ReduceOp, resolve_op
 from .base._result_pool import RESULTS
 from .calls._allreduce_run import warn_nonfinite
-from .calls._calls import collective_call, run_kept
+from .calls._forms import CallForms
 from .config import current_settings
 from .errors import InvalidArgumentError, subject
 from .memory._memory import AWARE, HOST, goes_direct
@@ -73,19 +73,8 @@ def reducescatter(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average, name: str
     Raises:
         MismatchError: ranks passed different shapes, dtypes, ops, names or splits.
     """
-    if type(tensor) is np.ndarray:  # a call made before runs as planned then
-        plan = _PLANS.get(_key(False, tensor, op, name, prescale_factor, postscale_factor,
-                               process_set, algorithm, compression, splits), process_set,
-                          "reducescatter", name)
-        if plan is None or plan.compressor is None:
-            result = run_kept("reducescatter", name, process_set, plan, tensor, False,
-                              _planned, None, _carried_run, None, prescale_factor, None)
-            if result is not None:
-                return result
-    return collective_call("reducescatter", name, process_set,
-                           lambda: _prepare(tensor, op, name, prescale_factor, postscale_factor,
-                                            process_set, algorithm, compression, splits),
-                           restore=results_like(tensor))
+    return _FORMS.blocking(False, tensor, name, process_set,
+                           (op, prescale_factor, postscale_factor, algorithm, compression, splits))
 
 
 def reducescatter_async(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
@@ -95,10 +84,8 @@ def reducescatter_async(tensor: np.ndarray, op: ReduceOp = ReduceOp.Average,
                         compression: Compressor = Compression.none,
                         splits: Sequence[int] | np.ndarray | None = None) -> Handle:
     """Start :func:`reducescatter`; ``synchronize(handle)`` returns this rank's share."""
-    return collective_call("reducescatter", name, process_set,
-                           lambda: _prepare(tensor, op, name, prescale_factor, postscale_factor,
-                                            process_set, algorithm, compression, splits),
-                           asynchronous=True, restore=results_like(tensor))
+    return _FORMS.start(False, tensor, name, process_set,
+                        (op, prescale_factor, postscale_factor, algorithm, compression, splits))
 
 
 class _ReducescatterPlan:
@@ -208,22 +195,21 @@ class _ReducescatterPlan:
 _PLANS: PlanCache[_ReducescatterPlan] = PlanCache()
 
 
-def _prepare(tensor: Any, op: Any, name: str | None, prescale_factor: float,
-             postscale_factor: float, process_set: ProcessSet | None,
-             algorithm: str | None, compression: Any, splits: Any) -> Callable[[], Any]:
-    on_device = device_tensor(tensor, "reducescatter", name)
+def _prepare(collective: str, tensor: Any, name: str | None, process_set: ProcessSet | None,
+             op: Any, prescale_factor: float, postscale_factor: float, algorithm: str | None,
+             compression: Any, splits: Any) -> Callable[[], Any]:
+    on_device = device_tensor(tensor, collective, name)
     if on_device is not None and (
             check_compression(compression, "reducescatter", name).applies_to(on_device.dtype)
             or not goes_direct(algorithm, current_settings().reducescatter_algorithm,
                                on_device.dtype)):
         return staged(on_device, False, lambda array: _prepare(
-            array, op, name, prescale_factor, postscale_factor, process_set, algorithm,
-            compression, splits))
-    array = on_device if on_device is not None else \
-        input_array(tensor, "reducescatter", name)
+            collective, array, name, process_set, op, prescale_factor, postscale_factor,
+            algorithm, compression, splits))
+    array = on_device if on_device is not None else input_array(tensor, collective, name)
     key = _key(on_device is not None, array, op, name, prescale_factor, postscale_factor,
                process_set, algorithm, compression, splits)
-    plan = _PLANS.get(key, process_set, "reducescatter", name) or _PLANS.keep(
+    plan = _PLANS.get(key, process_set, collective, name) or _PLANS.keep(
         key, _ReducescatterPlan(array, op, name, prescale_factor, postscale_factor,
                                 process_set, algorithm, compression, on_device is not None,
                                 splits))
@@ -375,15 +361,28 @@ def _by_recursive_doubling(group: Group, call: Call, source: np.ndarray,
     return output
 
 
+def _kept(collective: str, tensor: np.ndarray, name: str | None,
+          process_set: ProcessSet | None, arguments: tuple) -> _ReducescatterPlan | None:
+    """The plan of an uncompressed reduce-scatter made before like this one, if still
+    valid."""
+    op, prescale_factor, postscale_factor, algorithm, compression, splits = arguments
+    plan = _PLANS.get(_key(False, tensor, op, name, prescale_factor, postscale_factor,
+                           process_set, algorithm, compression, splits), process_set,
+                      collective, name)
+    return plan if plan is None or plan.compressor is None else None
+
+
 def _planned(plan: _ReducescatterPlan, collective: str, name: str | None, tensor: np.ndarray,
-             output: None, prescale_factor: float, second: None) -> np.ndarray:
-    """The run of a kept uncompressed plan (see :func:`run_kept`): this rank's share."""
-    return _reduced(plan, HOST, tensor.reshape(-1), tensor, prescale_factor)
+             output: None, arguments: tuple) -> np.ndarray:
+    """The run of a kept uncompressed plan (see :class:`CallForms`): this rank's share."""
+    return _reduced(plan, HOST, tensor.reshape(-1), tensor, arguments[1])
 
 
 def _carried_run(plan: _ReducescatterPlan, collective: str, name: str | None,
-                 tensor: np.ndarray, output: None, prescale_factor: float,
-                 second: None) -> np.ndarray:
-    """The run of a kept plan whose data rides in the agreement (see :func:`run_kept`):
+                 tensor: np.ndarray, output: None, arguments: tuple) -> np.ndarray:
+    """The run of a kept plan whose data rides in the agreement (see :class:`CallForms`):
     this rank's share."""
-    return _carried(plan, tensor, prescale_factor)
+    return _carried(plan, tensor, arguments[1])
+
+
+_FORMS = CallForms("reducescatter", _prepare, _kept, _planned, _carried_run)

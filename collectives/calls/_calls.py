@@ -110,39 +110,6 @@ def run_validated(collective: str, name: str | None, process_set: ProcessSet | N
                         match_key)
 
 
-def run_kept(collective: str, name: str | None, process_set: ProcessSet | None, plan: Any,
-             tensor: Any, in_place: bool, planned: Callable[..., Any] | None,
-             planned_output: Callable[..., Any] | None, carried: Callable[..., Any],
-             carried_output: Callable[..., Any] | None, first: Any, second: Any) -> Any:
-    """The fast path of every blocking collective: run the call on numpy array ``tensor``
-    by ``plan``, the plan kept for calls like it, through :func:`run_validated`, and
-    return its result; or return None where the call takes the general path: no plan
-    kept, ``tensor`` not C-contiguous (in place: or not writeable), or no run applies.
-
-    A plan whose ``carried`` is set runs ``carried``, any other ``planned`` (None: the
-    general path), as ``run(plan, collective, name, tensor, output, first, second)``.
-    ``output`` is ``tensor`` in place; else a new array of its shape and dtype, made by
-    that run's ``planned_output`` or ``carried_output`` (``np.empty``, ``RESULTS.empty``),
-    or None where the run makes the result itself. The result is ``output``, or where
-    that is None what the run returns.
-    """
-    if plan is None:
-        return None
-    flags = tensor.flags
-    if not flags.c_contiguous or in_place and not flags.writeable:
-        return None
-    if plan.carried is not None:
-        run, new = carried, carried_output
-    elif planned is not None:
-        run, new = planned, planned_output
-    else:
-        return None
-    output = tensor if in_place else None if new is None else new(tensor.shape, tensor.dtype)
-    result = run_validated(collective, name, process_set, run, plan, collective, name, tensor,
-                           output, first, second)
-    return result if output is None else output
-
-
 def _restored(body: Callable[[], Any], restore: Restore) -> Callable[[], Any]:
     return lambda: restore(body())
 

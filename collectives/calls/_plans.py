@@ -156,14 +156,15 @@ def allreduce_plan(array: Any, op: Any, name: str | None, prescale_factor: float
         compression, collective, on_device))
 
 
-def kept_allreduce_plan(array: Any, op: Any, name: str | None, prescale_factor: float,
-                        postscale_factor: float, process_set: ProcessSet | None,
-                        algorithm: str | None, compression: Any, collective: str,
-                        on_device: bool = False) -> AllreducePlan | None:
-    """The plan :func:`allreduce_plan` made before for these arguments, if it is still
-    valid; else None."""
+def kept_allreduce_plan(collective: str, array: Any, name: str | None,
+                        process_set: ProcessSet | None,
+                        arguments: tuple) -> AllreducePlan | None:
+    """The plan :func:`allreduce_plan` made before for an allreduce of host array
+    ``array`` with ``arguments`` (op, prescale and postscale factors, algorithm,
+    compression), if it is still valid; else None."""
+    op, prescale_factor, postscale_factor, algorithm, compression = arguments
     return _PLANS.get(_key(array, op, name, prescale_factor, postscale_factor, process_set,
-                           algorithm, compression, collective, on_device),
+                           algorithm, compression, collective, False),
                       process_set, collective, name)
 
 
