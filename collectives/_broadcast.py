@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 
-from . import timeline
 from .agreement._agreement import agree
 from .agreement._call import BYTES, PAYLOAD_CAPACITY, Call
 from .agreement._carried import CarriedBroadcast
@@ -190,7 +189,7 @@ def _broadcast(plan: _BroadcastPlan, memory: Any, array: Any, source: Any, owner
     into the caller's tensor ``owner`` (in place) or into a new array. ``source`` is the
     data, a host array or device memory as ``memory`` takes it; ``array`` describes it."""
     group, root = plan.group, plan.root
-    checked = plan.checked if memory is HOST and timeline.ACTIVE is None else None
+    checked = plan.checked if memory is HOST else None
     if checked is None:
         agree(group, plan.call)
     if in_place:

@@ -43,10 +43,11 @@ events are written over that closing, followed by a new one, and flushed to the
 operating system (no ``fsync``). Events are written in batches: the first event more
 than :data:`FLUSH_SECONDS` after the last write writes every event kept since, as do
 :meth:`Timeline.flush`, closing the timeline, and the stall inspector at each of its
-checks while a call waits. A write per event would cost a system call each, more than a
-small collective takes. A reader may load the file while the job runs (one that reads
-during a write may find it cut short: reading again gives a complete file), and a killed
-rank leaves a complete file behind, without the events of its last moments.
+checks while a call waits; a phase's text is made then too. A write per event would
+cost a system call each, more than a small collective takes. A reader may load the file
+while the job runs (one that reads during a write may find it cut short: reading again
+gives a complete file), and a killed rank leaves a complete file behind, without the
+events of its last moments.
 
 **Phases** ringtrain records (the event names):
 
@@ -60,8 +61,10 @@ rank leaves a complete file behind, without the events of its last moments.
     the two halves of the ring allreduce (and the collectives of the same names).
 ``"recursive doubling"``
     the recursive-doubling allreduce.
-``"MPI allreduce"``
-    the MPI library's own allreduce.
+``"MPI allreduce"`` (``"MPI broadcast"``, ``"MPI allgather"``, and so on)
+    the MPI library's own collective.
+``"pairwise allgather"``, ``"pairwise alltoall"``
+    blocks passed through the node's shared memory.
 ``"broadcast"``
     a broadcast's transfer.
 the collective's name (``"allreduce"``, ``"broadcast"``, ...)
@@ -132,6 +135,38 @@ def _dumps(event: dict) -> str:
         return json.dumps(event, default=_plain, allow_nan=False)
 
 
+_TIMES = '%.3f, "dur": %.3f}'
+"""The end of a complete event's text, after its head (:meth:`_Heads.of`)."""
+_HEADS_KEPT = 1024
+
+
+class _Heads:
+    """The text of complete events up to their times, kept by phase, row and args: a
+    traced loop records the same few again and again, so an event's text is then its
+    head and two numbers, without building and encoding a dict."""
+
+    def __init__(self, rank: int) -> None:
+        self._rank = rank
+        self._heads: dict[tuple, str] = {}
+
+    def of(self, phase: str, tid: int, args: dict | None) -> str:
+        """``{"name": ..., "ph": "X", "pid": ..., "tid": ..., "args": {...}, "ts": ``."""
+        try:
+            key: tuple | None = (phase, tid, tuple(args.items()) if args else None)
+            head = self._heads.get(key)
+        except TypeError:  # an unhashable value: not kept
+            key, head = None, None
+        if head is None:
+            whole = _dumps({"name": str(phase), "ph": "X", "pid": self._rank, "tid": tid,
+                            "args": args or {}})
+            head = whole[:-1] + ', "ts": '
+            if key is not None:
+                if len(self._heads) >= _HEADS_KEPT:
+                    self._heads.clear()
+                self._heads[key] = head
+        return head
+
+
 def _text(value: Any) -> Any:
     """``value`` if json can write it, else its ``repr``."""
     if isinstance(value, float):  # numpy's floats too
@@ -191,6 +226,7 @@ class Timeline:
         self._lock = threading.Lock()
         self._rows: dict[str, int] = {}
         self._origin = time.perf_counter()
+        self._monotonic_origin = time.clock_gettime(time.CLOCK_MONOTONIC)
         start_unix_us = time.time_ns() / 1000
         try:
             self._file = open(path, "wb")
@@ -210,7 +246,10 @@ class Timeline:
                 self._file.close()  # flushes again, and fails again
             raise _unwritable(error, path) from None
         self._end = len(head)  # where the closing text starts
-        self._kept: list[str] = []  # events not yet written
+        # Events not yet written: text, or a phase's (phase, tid, args, start_ns,
+        # duration_ns), made into text when written (see _text_of).
+        self._kept: list[str | tuple] = []
+        self._heads = _Heads(rank)
         self._written_at = time.monotonic()
 
     @property
@@ -222,7 +261,12 @@ class Timeline:
         """Microseconds since this timeline started."""
         return (time.perf_counter() - self._origin) * 1e6
 
-    def _write(self, events: list[str]) -> None:
+    def from_monotonic(self, seconds: float) -> float:
+        """A time of ``time.clock_gettime(time.CLOCK_MONOTONIC)`` (as compiled code takes
+        it) in microseconds since this timeline started, as :meth:`now` gives them."""
+        return (seconds - self._monotonic_origin) * 1e6
+
+    def _write(self, events: list[str | tuple]) -> None:
         """Keep ``events``; write the kept ones where :data:`FLUSH_SECONDS` have passed
         since the last write. Holds the lock."""
         self._kept += events
@@ -238,7 +282,7 @@ class Timeline:
     def _write_kept(self) -> None:
         """Write the kept events over the closing text, then the closing text again. Holds
         the lock."""
-        data = "".join(",\n" + event for event in self._kept).encode()
+        data = "".join(",\n" + self._text_of(event) for event in self._kept).encode()
         self._kept = []
         self._written_at = time.monotonic()
         try:
@@ -255,7 +299,14 @@ class Timeline:
             return
         self._end += len(data)
 
-    def _row_id(self, row: str, events: list[str]) -> int:
+    def _text_of(self, event: str | tuple) -> str:
+        """A kept event's text."""
+        if isinstance(event, str):
+            return event
+        phase, tid, args, start_ns, duration_ns = event
+        return self._heads.of(phase, tid, args) + _TIMES % (start_ns / 1000, duration_ns / 1000)
+
+    def _row_id(self, row: str, events: list[str | tuple]) -> int:
         """The row's thread id; a new row's metadata is added to ``events``. Holds the lock."""
         tid = self._rows.get(row)
         if tid is None:
@@ -275,20 +326,27 @@ class Timeline:
             phase: the phase's name (see the module's list).
             start_us: its start, from :meth:`now`.
             end_us: its end, from :meth:`now`.
-            args: shown with the event, e.g. ``{"bytes": 4096, "algorithm": "ring"}``.
+            args: shown with the event, e.g. ``{"bytes": 4096, "algorithm": "ring"}``;
+                not to be changed afterwards (the event's text is made when written).
         """
+        self.record_phases(row, [(phase, start_us, end_us, args)])
+
+    def record_phases(self, row: str,
+                      phases: list[tuple[str, float, float, dict | None]]) -> None:
+        """Write several phases on ``row`` at once: ``(phase, start_us, end_us, args)``
+        each, as :meth:`record` takes them."""
         if self._file is None:
             return
-        start = round(start_us, 3)
-        # Rounding both ends (not the duration) keeps nested phases nested.
-        duration = max(0.0, round(round(end_us, 3) - start, 3))
         with self._lock:
             if self._file is None:
                 return
-            events: list[str] = []
+            events: list[str | tuple] = []
             tid = self._row_id(row, events)
-            events.append(_dumps({"name": str(phase), "ph": "X", "ts": start, "dur": duration,
-                                  "pid": self.rank, "tid": tid, "args": args or {}}))
+            for phase, start_us, end_us, args in phases:
+                start_ns = round(start_us * 1000)
+                # Rounding both ends (not the duration) keeps nested phases nested.
+                duration_ns = max(0, round(end_us * 1000) - start_ns)
+                events.append((phase, tid, args, start_ns, duration_ns))
             self._write(events)
 
     def span(self, row: str, phase: str, **args: Any) -> _Span:
@@ -309,7 +367,7 @@ class Timeline:
         with self._lock:
             if self._file is None:
                 return
-            events: list[str] = []
+            events: list[str | tuple] = []
             tid = self._row_id(row, events)
             events.append(_dumps({"name": str(phase), "ph": "i", "s": "t", "ts": when,
                                   "pid": self.rank, "tid": tid, "args": args}))

@@ -8,6 +8,7 @@ import ctypes
 import dataclasses
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import numba
@@ -17,13 +18,32 @@ from mpi4py import MPI
 
 from ringtrain.collectives.transport._compiled_exchange import compiled_exchange
 from ringtrain.collectives.transport._compiled_steps import payload_code
-from ringtrain.collectives.transport._native_calls import call_c, load_mpi_functions
+from ringtrain.collectives.transport._native_calls import (NO_STAMPS, call_c, load_mpi_functions,
+                                                           new_stamps, stamp, stamped_seconds)
 from ringtrain.kernels import BFLOAT16, reducer
 
 
 @numba.njit(cache=False)
 def _call_with_int32(address, value):
     return call_c(address, (np.int32(value),))
+
+
+@numba.njit(cache=False)
+def _stamp_twice(stamps):
+    stamp(stamps, 0)
+    stamp(stamps, 1)
+
+
+def test_stamps_take_the_monotonic_clock_and_no_stamps_take_nothing():
+    stamps = new_stamps(2)
+    _stamp_twice(stamps)  # compiled first
+    before = time.clock_gettime(time.CLOCK_MONOTONIC)
+    _stamp_twice(stamps)
+    after = time.clock_gettime(time.CLOCK_MONOTONIC)
+    first, second = stamped_seconds(stamps)
+    assert before <= first <= second <= after
+    _stamp_twice(NO_STAMPS)
+    assert NO_STAMPS.tolist() == [0]
 
 
 def test_call_c_calls_the_function_at_an_address():

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -185,6 +186,39 @@ def test_now_counts_microseconds_from_the_start(tmp_path):
     second = line.now()
     assert 0 <= first <= second < 60e6
     line.close()
+
+
+def test_from_monotonic_puts_the_compiled_calls_clock_on_the_timeline(tmp_path):
+    """Times that compiled calls take (``clock_gettime(CLOCK_MONOTONIC)``) land where
+    :meth:`Timeline.now` puts the same moment."""
+    line = Timeline(str(tmp_path / "t.json"), 0)
+    before = line.now()
+    converted = line.from_monotonic(time.clock_gettime(time.CLOCK_MONOTONIC))
+    after = line.now()
+    assert before - 50 <= converted <= after + 50
+    line.close()
+
+
+def test_phases_recorded_together_equal_phases_recorded_one_by_one(tmp_path):
+    together, alone = tmp_path / "together.json", tmp_path / "alone.json"
+    args = {"bytes": 1 << 20}
+    recorded = [("wait for ranks", 1.0, 2.5, None), ("reduce-scatter", 2.5, 7.25, args),
+                ("allgather", 7.25, 9.0, args), ("reduce-scatter", 11.0, 12.0, args),
+                ("odd", 12.0, 13.0, {"list": [1, 2], "nan": float("nan")})]
+    line = Timeline(str(together), 1)
+    line.record_phases("allreduce 'w'", recorded[:3])
+    line.record_phases("allreduce 'w'", recorded[3:])
+    line.close()
+    line = Timeline(str(alone), 1)
+    for phase, start, end, phase_args in recorded:
+        line.record("allreduce 'w'", phase, start, end, phase_args)
+    line.close()
+    assert load(together) == load(alone)
+    assert [(event["name"], event["ts"], event["dur"], event["args"])
+            for event in phases(load(together))] == [
+        ("wait for ranks", 1.0, 1.5, {}), ("reduce-scatter", 2.5, 4.75, args),
+        ("allgather", 7.25, 1.75, args), ("reduce-scatter", 11.0, 1.0, args),
+        ("odd", 12.0, 1.0, {"list": [1, 2], "nan": "nan"})]
 
 
 def test_a_span_records_its_body_and_takes_args_from_it(tmp_path):

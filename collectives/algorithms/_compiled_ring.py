@@ -27,7 +27,7 @@ from ..base._group import Group
 from ..base._tracing import phase
 from ..transport._compiled_exchange import CompiledExchange
 from ..transport._compiled_steps import HEADERS_IF_DIFFERENT, agreed, payload_code, pick
-from ..transport._native_calls import MpiFunctions, call_c, mpi_functions
+from ..transport._native_calls import NO_STAMPS, MpiFunctions, call_c, mpi_functions, stamp
 from ._ring import ALLGATHER_TAG, REDUCE_SCATTER_TAG, chunk_bounds
 
 # Words of a ring's description (int64): where this rank's finished chunk goes in the
@@ -99,14 +99,23 @@ def _transfer(ring, comm, byte, send, send_bytes, right, incoming, receive_bytes
 
 
 @numba.njit(cache=True, nogil=True)
-def _checked_ring(plan, handles, ring, factors, scratch, fresh_header, source,
+def _checked_ring(plan, handles, ring, factors, scratch, stamps, fresh_header, source,
                   result) -> int:
     """The agreement's check, then, where every rank's signature was ours,
-    :func:`_ring_steps`: 0, ``DIFFERENT`` or an MPI error."""
+    :func:`_ring_steps`: 0, ``DIFFERENT`` or an MPI error. Where ``stamps`` are taken
+    (:func:`..transport._native_calls.stamp`), they hold the times of the call's start,
+    of the check's end, and of the end of each half of the ring."""
+    stamp(stamps, 0)
     error = agreed(plan, handles, fresh_header, HEADERS_IF_DIFFERENT)
     if error != 0:
         return error
-    return _ring_steps(ring, handles, factors, scratch, source, result, _BOTH)
+    stamp(stamps, 1)
+    error = _ring_steps(ring, handles, factors, scratch, source, result, _REDUCE_SCATTER)
+    stamp(stamps, 2)
+    if error == 0:
+        error = _ring_steps(ring, handles, factors, scratch, source, result, _ALLGATHER)
+    stamp(stamps, 3)
+    return error
 
 
 @numba.njit(cache=True, nogil=True)
@@ -205,19 +214,21 @@ def _ring_for(group: Group, functions: MpiFunctions, dtype: np.dtype, bounds: li
 def checked_ring(exchange: CompiledExchange, message: np.ndarray, receive: np.ndarray,
                  header_bytes: int, group: Group, dtype: np.dtype, bounds: list[int],
                  gather: bool, combine: Callable, finish: Finisher | None,
-                 segment_bytes: int) -> Callable[[np.ndarray, np.ndarray, np.ndarray], int] | None:
+                 segment_bytes: int, stamps: np.ndarray = NO_STAMPS
+                 ) -> Callable[[np.ndarray, np.ndarray, np.ndarray], int] | None:
     """The check and the ring over ``group`` (see :func:`_ring_for`) of elements of
     ``dtype`` combined as numpy's ``combine`` does, in one compiled call bound to
     ``exchange``'s messages (``header_bytes`` of them): ``run(fresh_header, source,
     result)``, as :meth:`CompiledExchange.checked` describes; or None where it cannot
-    be."""
+    be. ``stamps`` (:func:`..transport._native_calls.new_stamps`) take the times of the
+    call's start, of the check's end and of each half's end."""
     functions = mpi_functions()
     ring = None if functions is None else _ring_for(
         group, functions, dtype, bounds, gather, payload_code(np.dtype(dtype), combine),
         finish, segment_bytes)
     return None if ring is None else exchange.checked(
         _checked_ring, message, receive, header_bytes, ring.words, ring.factors,
-        ring.segments)
+        ring.segments, stamps)
 
 
 def ring_allreduce(group: Group, source: np.ndarray, result: np.ndarray, combine: Callable,

@@ -12,7 +12,7 @@ from ._compiled_riding import UNEVEN, words_agree
 from ._compiled_steps import (_AT_MESSAGE, _LENGTH, _YIELD, HEADERS_IF_DIFFERENT, PAYLOADS,
                               agreed, plan_arrays)
 from ._mailboxes import mailbox_ranks
-from ._native_calls import call_c, void_pointer
+from ._native_calls import call_c, stamp, void_pointer
 from ._pairwise import through_mailboxes
 
 ALLREDUCE, BROADCAST, REDUCE_SCATTER, ALLGATHER, ALLTOALL, MAILBOX_ALLGATHER, \
@@ -25,20 +25,25 @@ _FUNCTION, _KIND, _COUNT, _ROOT, _IN_PLACE, _RANK, _WIDTH, _WORDS = range(8)
 
 
 @numba.njit(cache=True, nogil=True)
-def checked_collective_call(plan, handles, collective, fresh_header, send, receive) -> int:
+def checked_collective_call(plan, handles, collective, stamps, fresh_header, send,
+                            receive) -> int:
     """The check of the signatures, then, where every rank's was ours, the MPI library's
     own collective that ``collective`` describes from ``send`` (``MPI_IN_PLACE`` when it
     is ``receive``) into ``receive``, with the datatype and op of ``handles`` (or, for
     :data:`MAILBOX_ALLGATHER` and :data:`MAILBOX_ALLTOALL`, the pairwise exchange of
-    blocks of ``count`` bytes through the group's mailboxes): :data:`._compiled_steps.DIFFERENT`,
-    :data:`UNEVEN`, 0, or the MPI call's error.
+    blocks of ``count`` bytes through the group's mailboxes):
+    :data:`._compiled_steps.DIFFERENT`, :data:`UNEVEN`, 0, or the MPI call's error.
 
     The headers travel alone, except for a gather and an alltoall: every rank's words
     then ride behind the header (at its rank's place, or'ed into zeros, as
-    :class:`..agreement._carried.CarriedGather` sends them), and the collective is made only
-    where every rank's words are this rank's."""
+    :class:`..agreement._carried.CarriedGather` sends them), and the collective is made
+    only where every rank's words are this rank's.
+
+    Where ``stamps`` are taken (:func:`._native_calls.stamp`), they hold the times of
+    the call's start, of the check's end and of the collective's end."""
+    stamp(stamps, 0)
     header_bytes, length = fresh_header.size, plan[_LENGTH]
-    kind, width = collective[_KIND], collective[_WIDTH]
+    width = collective[_WIDTH]
     words_count = (length - header_bytes) // 8
     words = numba.carray(void_pointer(plan[_AT_MESSAGE] + header_bytes), words_count,
                          np.int64)
@@ -53,6 +58,16 @@ def checked_collective_call(plan, handles, collective, fresh_header, send, recei
         return error
     if words_count and words_agree(words, collective[_RANK], width) != 0:
         return UNEVEN
+    stamp(stamps, 1)
+    error = _collective(plan, handles, collective, send, receive)
+    stamp(stamps, 2)
+    return error
+
+
+@numba.njit(cache=True, nogil=True)
+def _collective(plan, handles, collective, send, receive) -> int:
+    """The collective of :func:`checked_collective_call`, once checked."""
+    kind = collective[_KIND]
     if kind == MAILBOX_ALLGATHER or kind == MAILBOX_ALLTOALL:
         state, boxes, counters, _, _ = plan_arrays(plan)
         offsets = np.arange(mailbox_ranks(counters)[1] + 1) * collective[_COUNT]

@@ -25,7 +25,7 @@ from ._compiled_checked import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, MAILB
 from ._compiled_riding import broadcast_held, gather_held
 from ._compiled_steps import exchange, reduce_planned
 from ._mailboxes import NO_BOXES, mailboxes_of
-from ._native_calls import MpiFunctions, mpi_functions
+from ._native_calls import NO_STAMPS, MpiFunctions, mpi_functions
 from ._recursive_doubling import schedule_of
 
 _NO_PAYLOAD = np.empty(0, np.uint8)
@@ -93,7 +93,8 @@ class CompiledExchange:
 
     def checked_collective(self, message: np.ndarray, receive: np.ndarray, kind: int,
                            count: int, datatype: MPI.Datatype, op: MPI.Op = MPI.OP_NULL,
-                           root: int = 0, words: np.ndarray = _NO_WORDS
+                           root: int = 0, words: np.ndarray = _NO_WORDS,
+                           stamps: np.ndarray = NO_STAMPS
                            ) -> Callable[[np.ndarray, np.ndarray, np.ndarray], int]:
         """An MPI collective checked by the agreement in the same compiled call, bound
         to the agreement's messages: ``run(fresh_header, send, receive)`` exchanges the
@@ -113,7 +114,9 @@ class CompiledExchange:
         :data:`PAYLOADS`, as :class:`..agreement._carried.CarriedGather` sends them); where
         some rank's differ from this rank's the call returns :data:`UNEVEN`, nothing
         moved, every rank's words in the message's payload. The datatype and op must be
-        the MPI library's own (a user-defined op would call Python without the GIL)."""
+        the MPI library's own (a user-defined op would call Python without the GIL).
+        ``stamps`` (:func:`._native_calls.new_stamps`) take the times of the call's
+        start, of the check's end and of the collective's end."""
         functions = self._functions
         address = {ALLREDUCE: functions.allreduce, BROADCAST: functions.bcast,
                    REDUCE_SCATTER: functions.reduce_scatter_block,
@@ -123,7 +126,7 @@ class CompiledExchange:
                                words.size, *words.tolist()], np.int64)
         return self.checked(checked_collective_call, message, receive,
                             self._header_bytes + 8 * self._size * words.size, collective,
-                            datatype=datatype, op=op)
+                            stamps, datatype=datatype, op=op)
 
     def broadcast_held(self, message: np.ndarray, receive: np.ndarray,
                        root: int) -> Callable[[np.ndarray, np.ndarray, np.ndarray], int] | None:

@@ -1,4 +1,5 @@
-"""MPI functions called from Numba-compiled code.
+"""MPI functions called from Numba-compiled code (and the C library's clock, to time
+phases inside a compiled call: :func:`stamp`).
 
 Compiled code (:mod:`._compiled_exchange`, :mod:`._p2p_compiled`) calls the MPI library
 mpi4py loaded, found
@@ -14,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,3 +145,38 @@ def mpi_functions() -> MpiFunctions | None:
     ``RINGTRAIN_COMPILED_EXCHANGE`` turns compiled calls off or they cannot be found
     (then said once, at DEBUG level)."""
     return _found_mpi_functions() if COMPILED_EXCHANGE.read() else None
+
+
+_CLOCK = time.CLOCK_MONOTONIC
+
+
+@functools.cache
+def clock_address() -> int:
+    """The address of the C library's ``clock_gettime``, for :func:`stamp`."""
+    return ctypes.cast(ctypes.CDLL(None).clock_gettime, ctypes.c_void_p).value
+
+
+def new_stamps(count: int) -> np.ndarray:
+    """Room for ``count`` times of :func:`stamp`, taken (see :func:`stamped_seconds`)."""
+    stamps = np.zeros(1 + 2 * count, np.int64)
+    stamps[0] = clock_address()
+    return stamps
+
+
+NO_STAMPS = np.zeros(1, np.int64)
+"""Stamps that :func:`stamp` leaves alone: a compiled call not traced."""
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def stamp(stamps, index: int) -> None:
+    """Write the monotonic clock's time as time number ``index`` of ``stamps`` (made by
+    :func:`new_stamps`; :data:`NO_STAMPS`: nothing)."""
+    if stamps[0] != 0:
+        call_c(stamps[0], (np.int32(_CLOCK), stamps.ctypes.data + 8 * (1 + 2 * index)))
+
+
+def stamped_seconds(stamps: np.ndarray) -> list[float]:
+    """The times that :func:`stamp` wrote, in seconds of ``time.clock_gettime``'s
+    monotonic clock."""
+    words = stamps.tolist()
+    return [words[i] + words[i + 1] * 1e-9 for i in range(1, len(words), 2)]

@@ -17,7 +17,7 @@ import ringtrain as rt
 from ringtrain.collectives.agreement._agreement import buffers_of
 from ringtrain.collectives.transport._mailboxes import mailboxes_of
 from ringtrain.collectives.engine import allreduce_plan, reduce_planned
-from ringtrain.collectives.algorithms import _ring
+from ringtrain.collectives.algorithms import _native, _ring
 from ringtrain.collectives.algorithms._ring import allreduce as python_ring
 from ringtrain.collectives.timeline import rank_path
 from ringtrain.collectives.world._world import world
@@ -609,30 +609,65 @@ def ring_allreduces_run_in_compiled_calls():
 
 
 @check(min_size=2)
-def a_traced_ring_allreduce_runs_the_compiled_steps():
-    """With a timeline on, the ring takes the compiled route it takes without one (the
-    Python ring is never entered) and records its reduce-scatter and allgather."""
+def traced_calls_take_the_route_of_untraced_ones():
+    """With a timeline on, each collective that the agreement's compiled call makes
+    (the ring, and MPI's own allreduce, broadcast, reduce-scatter, allgather and
+    alltoall) takes that same call (the Python data phases are never entered) and
+    records its phases from the times the compiled call took: the check's end is the
+    data phase's start, to the nanosecond."""
     k, me = rt.size(), rt.rank()
-    x = np.arange(3 * k + 1, dtype=np.float32) * (me + 1)
-    expected = np.arange(3 * k + 1, dtype=np.float32) * (k * (k + 1) // 2)
+    rows = 4 * k  # even shares: MPI's reduce-scatter and alltoall of one block size
+    x = np.arange(rows * 9_000, dtype=np.float32).reshape(rows, -1) * (me + 1)  # 144+ KiB
+    total = np.arange(x.size, dtype=np.float32).reshape(x.shape) * (k * (k + 1) // 2)
+    bounds = np.cumsum([0] + [len(part) for part in np.array_split(np.arange(rows), k)])
+    every = np.concatenate([x / (me + 1) * (r + 1) for r in range(k)])
+    mine = np.concatenate([every[r * rows:(r + 1) * rows][bounds[me]:bounds[me + 1]]
+                           for r in range(k)])
+    calls = {  # by the data phases they record (the rows' way is the tuning table's)
+        ("reduce-scatter",): lambda: assert_equal_arrays(
+            rt.allreduce(x, rt.Sum, name="traced", algorithm="ring"), total, "ring"),
+        ("MPI allreduce",): lambda: assert_equal_arrays(
+            rt.allreduce(x, rt.Sum, name="traced", algorithm="native"), total, "native"),
+        ("MPI broadcast",): lambda: assert_equal_arrays(
+            rt.broadcast(x, root_rank=k - 1, name="traced", algorithm="native"),
+            x / (me + 1) * k, "broadcast"),
+        ("MPI reducescatter",): lambda: assert_equal_arrays(
+            rt.reducescatter(x, rt.Sum, name="traced", algorithm="native"),
+            total[bounds[me]:bounds[me + 1]], "reducescatter"),
+        ("MPI allgather", "pairwise allgather"): lambda: assert_equal_arrays(
+            rt.allgather(x, name="traced", algorithm="recursive_doubling"), every,
+            "allgather"),
+        ("MPI alltoall", "pairwise alltoall"): lambda: assert_equal_arrays(
+            rt.alltoall(x, name="traced", algorithm="recursive_doubling")[0], mine,
+            "alltoall"),
+    }
     directory = tempfile.mkdtemp() if me == 0 else None
     path = os.path.join(WORLD.bcast(directory), "trace.json")
 
     def refused(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the Python ring ran")
+        raise AssertionError("a Python data phase ran")
 
-    original, _ring.allreduce = _ring.allreduce, refused
+    python_phases = [(_ring, "allreduce"), (_native, "allreduce"), (_native, "broadcast"),
+                     (_native, "reducescatter")]
+    originals = [getattr(module, name) for module, name in python_phases]
+    for module, name in python_phases:
+        setattr(module, name, refused)
     rt.start_timeline(path)
     try:
-        assert_equal_arrays(rt.allreduce(x, rt.Sum, name="traced", algorithm="ring"),
-                            expected, "traced ring")
+        for call in calls.values():
+            call()
     finally:
         rt.stop_timeline()
-        _ring.allreduce = original
+        for (module, name), original in zip(python_phases, originals):
+            setattr(module, name, original)
     with open(rank_path(path, me, k)) as trace:
-        names = {event["name"] for event in json.load(trace)["traceEvents"]
-                 if event.get("ph") == "X"}
-    assert {"reduce-scatter", "allgather", "wait for ranks"} <= names, names
+        phases = [event for event in json.load(trace)["traceEvents"] if event.get("ph") == "X"]
+    waits = [event for event in phases if event["name"] == "wait for ranks"]
+    for names in calls:
+        found = [event for event in phases if event["name"] in names]
+        assert len(found) == 1, (names, phases)
+        assert any(abs(wait["ts"] + wait["dur"] - found[0]["ts"]) <= 0.0015 for wait in waits), \
+            (names, found, waits)
 
 
 @check(min_size=2)
