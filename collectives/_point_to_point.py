@@ -25,7 +25,7 @@ from .base._group import Group
 from .base._ops import COPY_DTYPES, check_dtype
 from .config import current_settings
 from .errors import InvalidArgumentError, UnsupportedDtypeError, subject
-from .p2p._p2p_engine import ENGINE, Outcome, PeerHandle
+from .p2p._p2p_progress import PROGRESS, Outcome, PeerHandle
 from .p2p._p2p_header import Expectation, Header
 from .p2p._p2p_plans import ReceivePlan, SendPlan
 from .p2p._p2p_protocol import Operation, ReceiveOperation, SendOperation
@@ -100,7 +100,7 @@ def send(tensor: Any, dst: int, tag: int = 0, name: str | None = None,
     if array is not None:
         _plan(_SEND_PLANS, SendPlan, "send", array, dst, tag, name, process_set).run(array)
     else:
-        ENGINE.complete(_send_operation(tensor, dst, tag, name, process_set, Outcome))
+        PROGRESS.complete(_send_operation(tensor, dst, tag, name, process_set, Outcome))
 
 
 def isend(tensor: Any, dst: int, tag: int = 0, name: str | None = None,
@@ -139,8 +139,8 @@ def recv(tensor: Any = None, src: int = 0, tag: int = 0, name: str | None = None
     if array is not None and array.flags.writeable:
         _plan(_RECEIVE_PLANS, ReceivePlan, "recv", array, src, tag, name, process_set).run(array)
         return tensor
-    return ENGINE.complete(_receive_operation(tensor, src, tag, name, like, process_set,
-                                              Outcome))
+    return PROGRESS.complete(_receive_operation(tensor, src, tag, name, like, process_set,
+                                                Outcome))
 
 
 def irecv(tensor: Any = None, src: int = 0, tag: int = 0, name: str | None = None,
@@ -183,7 +183,7 @@ def batch_isend_irecv(operations: Sequence[SendOp | RecvOp],
         InvalidArgumentError, UnsupportedDtypeError: a bad operation (nothing posted).
     """
     prepared = [_prepare(operation, process_set) for operation in operations]
-    ENGINE.post(prepared)
+    PROGRESS.post(prepared)
     return [operation.handle for operation in prepared]
 
 
@@ -225,7 +225,7 @@ _RECEIVE_PLANS: PlanCache[ReceivePlan] = PlanCache()
 
 
 def _wait_all(handles: Sequence[Handle]) -> list[Any]:
-    ENGINE.wait(handles)
+    PROGRESS.wait(handles)
     return [handle.result() for handle in handles]
 
 

@@ -18,8 +18,8 @@ from mpi4py import MPI
 
 from ringtrain.collectives.transport._compiled_exchange import compiled_exchange
 from ringtrain.collectives.transport._compiled_steps import payload_code
-from ringtrain.collectives.transport._native_calls import (NO_STAMPS, call_c, load_mpi_functions,
-                                                           new_stamps, stamp, stamped_seconds)
+from ringtrain.collectives.transport._c_calls import (NO_STAMPS, call_c, load_mpi_functions,
+                                                      new_stamps, stamp, stamped_seconds)
 from ringtrain.kernels import BFLOAT16, reducer
 
 
@@ -132,7 +132,7 @@ mailbox_receive(boxes, counters, 0, receive, 0)
 # and an expected header are read-only bytes).
 import numba
 from ringtrain.collectives.p2p import _p2p_compiled as steps
-from ringtrain.collectives.transport._native_calls import load_mpi_functions
+from ringtrain.collectives.transport._c_calls import load_mpi_functions
 from ringtrain.collectives.p2p._p2p_header import expected_header, header_template
 work, data = np.zeros(steps.AREA_BYTES + 1024, np.uint8), np.zeros(8, np.uint8)
 handles = np.zeros(3, load_mpi_functions()[0].handle_dtype)

@@ -24,7 +24,7 @@ from ..transport._compiled_checked import (ALLGATHER, ALLREDUCE, ALLTOALL, BROAD
                                            MAILBOX_ALLGATHER, MAILBOX_ALLTOALL, REDUCE_SCATTER)
 from ..transport._compiled_riding import UNEVEN
 from ..transport._compiled_steps import DIFFERENT
-from ..transport._native_calls import NO_STAMPS, new_stamps, stamped_seconds
+from ..transport._c_calls import NO_STAMPS, new_stamps, stamped_seconds
 from ._agreement import DISAGREED, Buffers, buffers_of, enter, until_agreed
 from ._call import HEADER_BYTES, Call
 
@@ -44,7 +44,7 @@ class TracedRun:
 
     Attributes:
         run: the compiled call, bound to ``stamps``.
-        stamps: where it writes the times (:func:`..transport._native_calls.new_stamps`).
+        stamps: where it writes the times (:func:`..transport._c_calls.new_stamps`).
         phases: the names of the phases between consecutive times, the agreement's
             ``wait for ranks`` first.
         args: the data phases' args on the timeline: the bytes they move.

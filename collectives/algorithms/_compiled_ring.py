@@ -27,7 +27,7 @@ from ..base._group import Group
 from ..base._tracing import phase
 from ..transport._compiled_exchange import CompiledExchange
 from ..transport._compiled_steps import HEADERS_IF_DIFFERENT, agreed, payload_code, pick
-from ..transport._native_calls import NO_STAMPS, MpiFunctions, call_c, mpi_functions, stamp
+from ..transport._c_calls import NO_STAMPS, MpiFunctions, call_c, mpi_functions, stamp
 from ._ring import ALLGATHER_TAG, REDUCE_SCATTER_TAG, chunk_bounds
 
 # Words of a ring's description (int64): where this rank's finished chunk goes in the
@@ -103,7 +103,7 @@ def _checked_ring(plan, handles, ring, factors, scratch, stamps, fresh_header, s
                   result) -> int:
     """The agreement's check, then, where every rank's signature was ours,
     :func:`_ring_steps`: 0, ``DIFFERENT`` or an MPI error. Where ``stamps`` are taken
-    (:func:`..transport._native_calls.stamp`), they hold the times of the call's start,
+    (:func:`..transport._c_calls.stamp`), they hold the times of the call's start,
     of the check's end, and of the end of each half of the ring."""
     stamp(stamps, 0)
     error = agreed(plan, handles, fresh_header, HEADERS_IF_DIFFERENT)
@@ -220,7 +220,7 @@ def checked_ring(exchange: CompiledExchange, message: np.ndarray, receive: np.nd
     ``dtype`` combined as numpy's ``combine`` does, in one compiled call bound to
     ``exchange``'s messages (``header_bytes`` of them): ``run(fresh_header, source,
     result)``, as :meth:`CompiledExchange.checked` describes; or None where it cannot
-    be. ``stamps`` (:func:`..transport._native_calls.new_stamps`) take the times of the
+    be. ``stamps`` (:func:`..transport._c_calls.new_stamps`) take the times of the
     call's start, of the check's end and of each half's end."""
     functions = mpi_functions()
     ring = None if functions is None else _ring_for(

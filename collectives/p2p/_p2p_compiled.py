@@ -1,8 +1,8 @@
 """Blocking point-to-point messages in machine code: the steps of :mod:`._p2p_protocol`'s
 send and receive as Numba-compiled loops that call the MPI library's own functions
-(:mod:`._native_calls`).
+(:mod:`._c_calls`).
 
-A blocking ``send`` or ``recv`` moved alone (:meth:`._p2p_engine.Engine.complete`) takes
+A blocking ``send`` or ``recv`` moved alone (:meth:`._p2p_progress.Progress.complete`) takes
 its steps here: the sender posts the header (with the data when small) and the data
 (when large) and waits for the reply; the receiver takes the header with a matched
 probe, compares it with what it expected, posts the receive of the data and its reply,
@@ -12,7 +12,7 @@ send, goes back to the Python steps as it stands (a refusal, a header to explain
 receive that takes its shape from the sender), which raise the error both ranks see.
 
 Each call polls MPI up to :data:`POLLS` times without the GIL and returns, so the
-engine's waiting (spinning, then yielding the core, then sleeping, and telling the
+progress loop's waiting (spinning, then yielding the core, then sleeping, and telling the
 stall inspector) is the same for both forms.
 """
 
@@ -26,7 +26,7 @@ import numba
 import numpy as np
 from mpi4py import MPI
 
-from ..transport._native_calls import MpiFunctions, call_c, copy_bytes, mpi_functions, void_pointer
+from ..transport._c_calls import MpiFunctions, call_c, copy_bytes, mpi_functions, void_pointer
 from ..transport._p2p_channels import Channels
 from ._p2p_header import FIXED_BYTES, NO_NAME_CHECK, SEQUENCE_WORD
 
@@ -409,7 +409,7 @@ def _checked(code: int) -> int:
 
 def compiled_messages(channels: Channels) -> CompiledMessages | None:
     """``channels``' compiled steps (built at first use), or None where compiled calls
-    are off or cannot run (:func:`._native_calls.mpi_functions`)."""
+    are off or cannot run (:func:`._c_calls.mpi_functions`)."""
     compiled = channels.compiled
     if compiled is None:
         functions = mpi_functions()

@@ -5,8 +5,8 @@ once for each kind of call (peer, tag, name, process set, dtype and shape): its 
 its header or the header it expects, and its compiled steps (:mod:`._p2p_compiled`).
 A later call like it finds the plan and makes one compiled call; when that call
 completes the message (a peer that was ready), nothing else runs. Otherwise the
-operation is built in the state that call left, and the engine waits for it as for any
-blocking call (:meth:`._p2p_engine.Engine.wait_alone`): refusals, errors and what the
+operation is built in the state that call left, and the progress loop waits for it as for any
+blocking call (:meth:`._p2p_progress.Progress.wait_alone`): refusals, errors and what the
 stall inspector sees are the same either way.
 """
 
@@ -20,7 +20,7 @@ from ..config import Settings
 from ..transport._p2p_channels import Channels
 from ..world._world import cores_shared
 from ._p2p_compiled import DONE, FIRST_POLLS, POLLS
-from ._p2p_engine import ENGINE, Outcome, communication_error
+from ._p2p_progress import PROGRESS, Outcome, communication_error
 from ._p2p_header import Expectation
 from ._p2p_protocol import ReceiveOperation, SendOperation, compiled_receive, compiled_send
 
@@ -62,8 +62,8 @@ class SendPlan:
             MessageMismatchError: the receive expected another shape, dtype or name.
             CommunicationError: an MPI call failed.
         """
-        if self._send is None or not ENGINE.moves_alone():
-            ENGINE.complete(self._operation(array))
+        if self._send is None or not PROGRESS.moves_alone():
+            PROGRESS.complete(self._operation(array))
             return
         work = self._work()
         count = next(self._sent)
@@ -74,7 +74,7 @@ class SendPlan:
         if code != DONE:
             operation = self._operation(array)
             operation.resume(self._steps, count % self.route[0].sequences, work, code)
-            ENGINE.wait_alone(operation)
+            PROGRESS.wait_alone(operation)
 
     def _operation(self, array: np.ndarray) -> SendOperation:
         return SendOperation(Outcome("send", self.name), *self.route, array)
@@ -113,8 +113,8 @@ class ReceivePlan:
                 (``array`` is untouched).
             CommunicationError: an MPI call failed.
         """
-        if self._receive is None or not ENGINE.moves_alone():
-            return ENGINE.complete(self._operation(array))
+        if self._receive is None or not PROGRESS.moves_alone():
+            return PROGRESS.complete(self._operation(array))
         work = self._work()
         code = self._receive(work, np.frombuffer(array, _BYTE))
         if code < 0:
@@ -123,7 +123,7 @@ class ReceivePlan:
         if code != DONE:
             operation = self._operation(array)
             operation.resume(self._steps, work, code)
-            ENGINE.wait_alone(operation)
+            PROGRESS.wait_alone(operation)
         return array
 
     def _operation(self, array: np.ndarray) -> ReceiveOperation:

@@ -23,12 +23,13 @@ and nothing is left in flight, and the library stays usable.
 
 A send completes when the receiver has accepted it (like ``MPI_Ssend``): ``send``
 returns then, and an ``isend``'s handle is done. Every operation is a small state
-machine: :class:`._p2p_engine.Engine` advances all of this process's operations in flight whenever
-any of them is waited for, so sends and receives posted together complete in any order
-(no deadlock whatever the order of a batch), and MPI's progress is driven by the
-waiting thread (:mod:`._p2p_engine`); the header is :mod:`._p2p_header`'s. A blocking
-call moved alone takes its steps in compiled code where it can (:mod:`._p2p_compiled`),
-and hands back to these steps whatever it does not take.
+machine: :class:`._p2p_progress.Progress` advances all of this process's operations in
+flight whenever any of them is waited for, so sends and receives posted together
+complete in any order (no deadlock whatever the order of a batch), and MPI's progress is
+driven by the waiting thread (:mod:`._p2p_progress`); the header is
+:mod:`._p2p_header`'s. A blocking call moved alone takes its steps in compiled code
+where it can (:mod:`._p2p_compiled`), and hands back to these steps whatever it does not
+take.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from ..base._activity import PeerWait
 from ..errors import MessageMismatchError
 from ..transport._p2p_channels import Channels
 from ._p2p_compiled import DONE, HEADER, REFUSED, WAITING, CompiledMessages, compiled_messages, fits
-from ._p2p_engine import InFlight, Outcome, PeerHandle
+from ._p2p_progress import InFlight, Outcome, PeerHandle
 from ._p2p_header import Expectation, Header, encode_header, expected_header, header_template
 
 INLINE_MAX_BYTES = 4 * 1024

@@ -1,5 +1,5 @@
-"""The transport layer: how bytes move between ranks, below any algorithm's choice: MPI's
-C functions called by symbol from compiled code (``_native_calls``), the node's
+"""The transport layer: how bytes move between ranks, below any algorithm's choice: MPI's C
+functions (and the clock) called by symbol from compiled code (``_c_calls``), the node's
 shared-memory mailboxes (``_mailboxes``) and the pairwise exchange through them
 (``_pairwise``), the recursive-doubling exchange (``_recursive_doubling``), the compiled
 exchanges that carry the agreement (``_compiled_steps``), the small collectives riding

@@ -12,7 +12,7 @@ from ._compiled_riding import UNEVEN, words_agree
 from ._compiled_steps import (_AT_MESSAGE, _LENGTH, _YIELD, HEADERS_IF_DIFFERENT, PAYLOADS,
                               agreed, plan_arrays)
 from ._mailboxes import mailbox_ranks
-from ._native_calls import call_c, stamp, void_pointer
+from ._c_calls import call_c, stamp, void_pointer
 from ._pairwise import through_mailboxes
 
 ALLREDUCE, BROADCAST, REDUCE_SCATTER, ALLGATHER, ALLTOALL, MAILBOX_ALLGATHER, \
@@ -39,7 +39,7 @@ def checked_collective_call(plan, handles, collective, stamps, fresh_header, sen
     :class:`..agreement._carried.CarriedGather` sends them), and the collective is made
     only where every rank's words are this rank's.
 
-    Where ``stamps`` are taken (:func:`._native_calls.stamp`), they hold the times of
+    Where ``stamps`` are taken (:func:`._c_calls.stamp`), they hold the times of
     the call's start, of the check's end and of the collective's end."""
     stamp(stamps, 0)
     header_bytes, length = fresh_header.size, plan[_LENGTH]

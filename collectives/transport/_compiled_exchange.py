@@ -25,7 +25,7 @@ from ._compiled_checked import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, MAILB
 from ._compiled_riding import broadcast_held, gather_held
 from ._compiled_steps import exchange, reduce_planned
 from ._mailboxes import NO_BOXES, mailboxes_of
-from ._native_calls import NO_STAMPS, MpiFunctions, mpi_functions
+from ._c_calls import NO_STAMPS, MpiFunctions, mpi_functions
 from ._recursive_doubling import schedule_of
 
 _NO_PAYLOAD = np.empty(0, np.uint8)
@@ -115,7 +115,7 @@ class CompiledExchange:
         some rank's differ from this rank's the call returns :data:`UNEVEN`, nothing
         moved, every rank's words in the message's payload. The datatype and op must be
         the MPI library's own (a user-defined op would call Python without the GIL).
-        ``stamps`` (:func:`._native_calls.new_stamps`) take the times of the call's
+        ``stamps`` (:func:`._c_calls.new_stamps`) take the times of the call's
         start, of the check's end and of the collective's end."""
         functions = self._functions
         address = {ALLREDUCE: functions.allreduce, BROADCAST: functions.bcast,
@@ -182,7 +182,7 @@ class CompiledExchange:
 def compiled_exchange(group: Group, signature_bytes: int,
                       header_bytes: int) -> CompiledExchange | None:
     """The compiled exchange of ``group``, or None where it is off or cannot run
-    (:func:`._native_calls.mpi_functions`)."""
+    (:func:`._c_calls.mpi_functions`)."""
     functions = mpi_functions()
     return None if functions is None else \
         CompiledExchange(group, functions, signature_bytes, header_bytes)

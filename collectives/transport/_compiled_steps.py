@@ -3,7 +3,7 @@ whole recursive-doubling schedule of :func:`._recursive_doubling.exchange` and b
 the steps compares the signatures and combines the headers or the payloads without
 returning to Python. The messages travel through the group's shared-memory mailboxes
 (:mod:`._mailboxes`) where it has them, else through the MPI library's own
-``MPI_Sendrecv``, ``MPI_Send`` and ``MPI_Recv`` (:mod:`._native_calls`).
+``MPI_Sendrecv``, ``MPI_Send`` and ``MPI_Recv`` (:mod:`._c_calls`).
 
 The messages, tags and rule of combining are the Python exchange's, so ranks may use
 either. The Python exchange spends a few microseconds of interpreter time around each
@@ -31,7 +31,7 @@ import numba
 import numpy as np
 
 from ._mailboxes import mailbox_receive, mailbox_send
-from ._native_calls import call_c, copy_bytes, void_pointer
+from ._c_calls import call_c, copy_bytes, void_pointer
 from ._recursive_doubling import TAG
 
 HEADERS_IF_DIFFERENT = 0

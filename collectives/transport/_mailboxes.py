@@ -39,7 +39,7 @@ from numba.extending import intrinsic
 
 from ...common.environment import AGREEMENT_SHARED_MEMORY
 from ..base._group import Group
-from ._native_calls import call_c, copy_bytes, mpi_functions
+from ._c_calls import call_c, copy_bytes, mpi_functions
 
 MESSAGE_BYTES = 128 * 1024 + 64
 """Room in each mailbox: the agreement's largest message (its header and a payload of up

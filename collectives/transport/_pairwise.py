@@ -20,7 +20,7 @@ import numpy as np
 from ..base._group import Group
 from ._mailboxes import (mailbox_arrival, mailbox_claim, mailbox_consume, mailbox_data,
                          mailbox_length, mailbox_publish, mailbox_ranks, mailbox_room, mailboxes_of)
-from ._native_calls import copy_bytes
+from ._c_calls import copy_bytes
 
 TAG = 41
 

@@ -1,4 +1,4 @@
-"""The engine that moves every point-to-point operation of this process in flight.
+"""The progress loop that moves every point-to-point operation of this process in flight.
 
 Whatever waits (a blocking call, ``synchronize``, ``poll``) advances all of them, so
 sends and receives posted together complete in any order the peers post theirs, and
@@ -39,7 +39,7 @@ class PeerHandle(Handle):
     moves them once and says whether it is."""
 
     settled = False
-    """Whether the call has completed: what the engine polls (a plain attribute, where
+    """Whether the call has completed: what the progress loop polls (a plain attribute, where
     the future's own ``done`` takes a lock)."""
     source: int | None = None
     """For a receive: the world rank of its sender, once its message has matched (at
@@ -59,19 +59,19 @@ class PeerHandle(Handle):
     def result(self, timeout: float | None = None) -> Any:
         """Wait (moving the messages in flight) and return the result or raise its error."""
         if not self.settled and not super().done():  # done: a callback asks, while settling
-            ENGINE.wait([self], timeout)
+            PROGRESS.wait([self], timeout)
         return super().result(0)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Wait (moving the messages in flight) and return the error, if any."""
         if not self.settled and not super().done():
-            ENGINE.wait([self], timeout)
+            PROGRESS.wait([self], timeout)
         return super().exception(0)
 
     def done(self) -> bool:
         """Move the messages in flight once; whether this call has completed."""
         if not self.settled:
-            ENGINE.advance_all()
+            PROGRESS.advance_all()
         return self.settled
 
 
@@ -107,7 +107,7 @@ class Outcome:
 
 
 class InFlight(Protocol):
-    """What the engine needs of a send or receive in flight (see :mod:`._p2p_protocol`;
+    """What the progress loop needs of a send or receive in flight (see :mod:`._p2p_protocol`;
     the methods here are the defaults of its operations)."""
 
     handle: PeerHandle | Outcome
@@ -134,7 +134,7 @@ class InFlight(Protocol):
         raise NotImplementedError
 
 
-class Engine:
+class Progress:
     """Every point-to-point operation of this process in flight, advanced together.
 
     One thread advances them at a time (a lock); any thread may wait.
@@ -190,7 +190,7 @@ class Engine:
         its error).
 
         A blocking send or receive while nothing else of this process is in flight (the
-        usual case, :meth:`moves_alone`) is moved alone, without the engine's list and
+        usual case, :meth:`moves_alone`) is moved alone, without the progress loop's list and
         lock; otherwise it joins the others (:meth:`post`, :meth:`wait`) so that it
         completes in any order with them. Messages are the same either way; alone, the
         operation takes its steps in compiled code where it can (:mod:`._p2p_compiled`).
@@ -297,4 +297,4 @@ def _wait_until(done: Callable[[], bool], advance: Callable[[], bool],
             ACTIVITY.point_to_point = None
 
 
-ENGINE = Engine()
+PROGRESS = Progress()

@@ -1,13 +1,12 @@
-"""MPI functions called from Numba-compiled code (and the C library's clock, to time
-phases inside a compiled call: :func:`stamp`).
+"""C functions called from Numba-compiled code: the MPI library's, and the C library's
+clock, to time phases inside a compiled call (:func:`stamp`).
 
-Compiled code (:mod:`._compiled_exchange`, :mod:`._p2p_compiled`) calls the MPI library
-mpi4py loaded, found
-through mpi4py's own extension module, so that its functions and mpi4py's handles
-(``MPI._handleof``) belong to one library. The functions reach compiled code as
-addresses, arguments like any other, and are called through :func:`call_c`: nothing in
-the compiled code depends on where this process loaded the library, so it is cached on
-disk like the kernels.
+Compiled code (:mod:`._compiled_steps`, :mod:`..p2p._p2p_compiled`) calls the MPI
+library mpi4py loaded, found through mpi4py's own extension module, so that its
+functions and mpi4py's handles (``MPI._handleof``) belong to one library. The functions
+reach compiled code as addresses, arguments like any other, and are called through
+:func:`call_c`: nothing in the compiled code depends on where this process loaded the
+library, so it is cached on disk like the kernels.
 """
 
 from __future__ import annotations
