@@ -20,11 +20,11 @@ from ..base._activity import ACTIVITY
 from ..base._finishing import Finisher
 from ..base._group import Group
 from ..base._tracing import phase, record_stamped
+from ..transport._c_calls import NO_STAMPS, new_stamps, stamped_seconds
 from ..transport._compiled_checked import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST,
                                            MAILBOX_ALLGATHER, MAILBOX_ALLTOALL, REDUCE_SCATTER)
 from ..transport._compiled_riding import UNEVEN
 from ..transport._compiled_steps import DIFFERENT
-from ..transport._c_calls import NO_STAMPS, new_stamps, stamped_seconds
 from ._agreement import DISAGREED, Buffers, buffers_of, enter, until_agreed
 from ._call import HEADER_BYTES, Call
 

@@ -25,9 +25,9 @@ from .. import timeline
 from ..base._finishing import Finisher
 from ..base._group import Group
 from ..base._tracing import phase
+from ..transport._c_calls import NO_STAMPS, MpiFunctions, call_c, mpi_functions, stamp
 from ..transport._compiled_exchange import CompiledExchange
 from ..transport._compiled_steps import HEADERS_IF_DIFFERENT, agreed, payload_code, pick
-from ..transport._c_calls import NO_STAMPS, MpiFunctions, call_c, mpi_functions, stamp
 from ._ring import ALLGATHER_TAG, REDUCE_SCATTER_TAG, chunk_bounds
 
 # Words of a ring's description (int64): where this rank's finished chunk goes in the

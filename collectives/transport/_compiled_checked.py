@@ -8,11 +8,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from ._c_calls import call_c, stamp, void_pointer
 from ._compiled_riding import UNEVEN, words_agree
 from ._compiled_steps import (_AT_MESSAGE, _LENGTH, _YIELD, HEADERS_IF_DIFFERENT, PAYLOADS,
                               agreed, plan_arrays)
 from ._mailboxes import mailbox_ranks
-from ._c_calls import call_c, stamp, void_pointer
 from ._pairwise import through_mailboxes
 
 ALLREDUCE, BROADCAST, REDUCE_SCATTER, ALLGATHER, ALLTOALL, MAILBOX_ALLGATHER, \

@@ -20,12 +20,12 @@ import numpy as np
 from mpi4py import MPI
 
 from ..base._group import Group
+from ._c_calls import NO_STAMPS, MpiFunctions, mpi_functions
 from ._compiled_checked import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, MAILBOX_ALLGATHER,
                                 MAILBOX_ALLTOALL, REDUCE_SCATTER, checked_collective_call)
 from ._compiled_riding import broadcast_held, gather_held
 from ._compiled_steps import exchange, reduce_planned
 from ._mailboxes import NO_BOXES, mailboxes_of
-from ._c_calls import NO_STAMPS, MpiFunctions, mpi_functions
 from ._recursive_doubling import schedule_of
 
 _NO_PAYLOAD = np.empty(0, np.uint8)

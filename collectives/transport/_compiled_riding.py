@@ -10,13 +10,13 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ._mailboxes import (mailbox_arrival, mailbox_claim, mailbox_consume, mailbox_data,
-                         mailbox_length, mailbox_publish)
 from ._c_calls import copy_bytes, void_pointer
 from ._compiled_steps import (_BITWISE_OR, _FOLDED_FROM, _FOLDED_INTO, _HEADER_WORDS,
                               _PARTNER_COUNT, _PARTNERS, _YIELD, DIFFERENT,
                               HEADERS_IF_DIFFERENT, PAYLOADS, fold, plan_arrays,
                               same_signature)
+from ._mailboxes import (mailbox_arrival, mailbox_claim, mailbox_consume, mailbox_data,
+                         mailbox_length, mailbox_publish)
 
 UNEVEN = -2
 """What :func:`gather_held` and :func:`._compiled_checked.checked_collective_call` return

@@ -30,8 +30,8 @@ from collections.abc import Callable
 import numba
 import numpy as np
 
-from ._mailboxes import mailbox_receive, mailbox_send
 from ._c_calls import call_c, copy_bytes, void_pointer
+from ._mailboxes import mailbox_receive, mailbox_send
 from ._recursive_doubling import TAG
 
 HEADERS_IF_DIFFERENT = 0

@@ -18,9 +18,9 @@ import numba
 import numpy as np
 
 from ..base._group import Group
+from ._c_calls import copy_bytes
 from ._mailboxes import (mailbox_arrival, mailbox_claim, mailbox_consume, mailbox_data,
                          mailbox_length, mailbox_publish, mailbox_ranks, mailbox_room, mailboxes_of)
-from ._c_calls import copy_bytes
 
 TAG = 41
 
