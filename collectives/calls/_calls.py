@@ -118,21 +118,19 @@ def _guarded(collective: str, name: str | None, body: Callable[..., Any], *args:
     """``body(*args)``, traced on the timeline and logged where they are on, its MPI
     errors named."""
     line = timeline.ACTIVE
-    if LOGGER.isEnabledFor(logging.DEBUG):
-        if line is None:
-            return _logged(collective, name, body, args)
-        with call_span(line, collective, name):
-            return _logged(collective, name, body, args)
-    try:
-        if line is None:
-            return body(*args)
-        with call_span(line, collective, name):
-            return body(*args)
-    except MPI.Exception as error:
-        raise _failed(collective, name, error) from error
+    if line is None:
+        return _named(collective, name, body, args)
+    with call_span(line, collective, name):
+        return _named(collective, name, body, args)
 
 
-def _logged(collective: str, name: str | None, body: Callable[..., Any], args: tuple) -> Any:
+def _named(collective: str, name: str | None, body: Callable[..., Any], args: tuple) -> Any:
+    """``body(*args)``, its MPI errors named; logged where debug logging is on."""
+    if not LOGGER.isEnabledFor(logging.DEBUG):
+        try:
+            return body(*args)
+        except MPI.Exception as error:
+            raise _failed(collective, name, error) from error
     before, start = ACTIVITY.last, time.perf_counter()
     try:
         return body(*args)

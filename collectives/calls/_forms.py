@@ -92,18 +92,23 @@ class CallForms:
                     result = run_validated(collective, name, process_set, run, plan,
                                            collective, name, tensor, output, arguments)
                     return result if output is None else output
-        return collective_call(
-            collective, name, process_set,
-            lambda: self._prepare(collective, tensor, name, process_set, *arguments),
-            restore=returns_itself(tensor) if in_place else results_like(tensor))
+        return self._validated(collective, in_place, tensor, name, process_set, arguments,
+                               False)
 
     def start(self, in_place: bool, tensor: Any, name: str | None,
               process_set: ProcessSet | None, arguments: tuple) -> Handle:
         """Start the call on the collectives' thread; ``synchronize(handle)`` returns
         what :meth:`blocking` returns."""
-        collective = self._names[in_place]
+        return self._validated(self._names[in_place], in_place, tensor, name, process_set,
+                               arguments, True)
+
+    def _validated(self, collective: str, in_place: bool, tensor: Any, name: str | None,
+                   process_set: ProcessSet | None, arguments: tuple,
+                   asynchronous: bool) -> Any:
+        """The general path: the call validated by ``prepare``, then run (see
+        :func:`collective_call`)."""
         return collective_call(
             collective, name, process_set,
             lambda: self._prepare(collective, tensor, name, process_set, *arguments),
-            asynchronous=True,
+            asynchronous=asynchronous,
             restore=returns_itself(tensor) if in_place else results_like(tensor))
