@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels.compression import Compression
-from ._allreduce import prepare, prepare_grouped
+from .calls._allreduce_run import prepare, prepare_grouped
 from .agreement._agreement import agree, agree_joined
 from .agreement._call import Call
 from .agreement._resolution import resolve

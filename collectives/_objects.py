@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from ._allgather import gather_rows
-from ._broadcast import broadcast_bytes
+from .calls._allgather_run import gather_rows
+from .calls._broadcast_run import broadcast_bytes
 from .agreement._agreement import agree
 from .agreement._call import Call
 from .algorithms._selection import broadcast_algorithm

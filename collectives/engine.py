@@ -37,7 +37,7 @@ from .base._ops import COPY_DTYPES
 from .base._tracing import phase
 from .calls._allreduce_run import reduce_fused, reduce_planned
 from .calls._calls import execute
-from .calls._plans import AllreducePlan, allreduce_plan
+from .calls._allreduce_plan import AllreducePlan, allreduce_plan
 from .memory._memory import STAGED
 from .memory._placement import memory_for
 from .world._process_sets import ProcessSet, resolve_group

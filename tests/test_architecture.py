@@ -243,3 +243,43 @@ def test_the_ringtrain_folder_is_only_the_facade() -> None:
                    and node.name not in ("__getattr__", "__dir__")]
                for m in facade}
     assert len(facade) > 5 and not {m: names for m, names in defined.items() if names}
+
+
+COLLECTIVES_OF_ONE_SHAPE = ("allreduce", "broadcast", "allgather", "alltoall", "reducescatter")
+"""The collectives planned and run on the same layers (``calls/``), each in two modules."""
+
+
+@pytest.mark.parametrize("collective", COLLECTIVES_OF_ONE_SHAPE)
+def test_every_collective_has_one_shape(collective: str) -> None:
+    """A plan module (the plan class, the function that makes or finds a plan, and the
+    lookup of the fast path) and a run module declaring the collective's call forms."""
+    plan = importlib.import_module(f"ringtrain.collectives.calls._{collective}_plan")
+    run = importlib.import_module(f"ringtrain.collectives.calls._{collective}_run")
+    forms = importlib.import_module("ringtrain.collectives.calls._forms")
+    assert isinstance(getattr(plan, f"{collective.capitalize()}Plan"), type)
+    assert callable(getattr(plan, f"{collective}_plan"))
+    kept = getattr(plan, f"kept_{collective}_plan")
+    assert isinstance(run.FORMS, forms.CallForms) and run.FORMS.collective == collective
+    assert run.FORMS._kept is kept
+
+
+@pytest.mark.parametrize("collective", COLLECTIVES_OF_ONE_SHAPE)
+def test_a_public_collective_module_holds_its_signatures_only(collective: str) -> None:
+    """Its functions each hand their arguments to the call forms in one statement, and it
+    imports its run module and the types of its signature: a handful of private modules
+    in few layers."""
+    module = f"ringtrain.collectives._{collective}"
+    tree = ast.parse(MODULES[module].read_text())
+    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    assert functions and not [node for node in tree.body if isinstance(node, ast.ClassDef)]
+    for function in functions:
+        body = [node for node in function.body
+                if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+        assert not function.name.startswith("_"), function.name
+        assert len(body) == 1 and isinstance(body[0], ast.Return), function.name
+    private = sorted(target for target in GRAPH[module]
+                     if target.startswith("ringtrain.collectives.")
+                     and any(part.startswith("_") for part in target.split(".")[2:]))
+    assert f"ringtrain.collectives.calls._{collective}_run" in private
+    assert len(private) <= 4, private
+    assert len({collectives_layer(target) for target in private}) <= 3, private

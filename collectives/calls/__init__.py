@@ -1,3 +1,4 @@
-"""The calls layer: a collective call as a plan kept for calls like it (``_plans``), run
-over a memory (``_allreduce_run``), in program order with its errors named
-(``_calls``)."""
+"""The calls layer: each collective's call planned once for calls like it
+(``_<collective>_plan``), then run over a memory by ``_<collective>_run``, which also
+declares the collective's call forms (``_forms``); in program order, with its errors
+named (``_calls``)."""

@@ -1,13 +1,16 @@
-"""Running planned allreduces: agree with the other ranks, then scale, compress, reduce
-and unpack, the same steps for host arrays and device tensors; only the memory
-(:mod:`._memory`) that moves and reduces a flat buffer differs."""
+"""Running planned allreduces: the call validated into its body; agree with the other
+ranks, then scale, compress, reduce and unpack, the same steps for host arrays and device
+tensors (only the memory, :mod:`.._memory`, that moves and reduces a flat buffer
+differs); the runs of a kept plan; the call forms declared (:data:`FORMS`,
+:data:`GROUPED_FORMS`)."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 
 from ...kernels import Compressor, FusionLayout, abs_max, pack, reducer, unpack
 from ..agreement._agreement import agree
@@ -15,15 +18,21 @@ from ..agreement._call import ValueRange
 from ..algorithms._adasum import working_dtype
 from ..algorithms._data_phase import hierarchical_wire, reduce_hierarchical
 from ..algorithms._selection import ADASUM
+from ..base._buffers import device_tensor
+from ..base._checks import flat, in_place_array, input_array
 from ..base._finishing import finisher
 from ..base._group import Group
 from ..base._ops import ReduceOp
+from ..base._result_pool import RESULTS
 from ..base._tracing import phase
-from ..errors import NonFiniteWarning, subject
+from ..errors import InvalidArgumentError, NonFiniteWarning, subject
 from ..memory._memory import HOST, HostMemory
 from ..memory._placement import memory_for
+from ..world._process_sets import ProcessSet
 from ..world._topology import HIERARCHICAL, NodeLayout
-from ._plans import AllreducePlan, GroupedCall
+from ._allreduce_plan import (AllreducePlan, GroupedCall, allreduce_plan,
+                              kept_allreduce_plan)
+from ._forms import CallForms
 
 
 def reduce_planned(plan: AllreducePlan, collective: str, name: str | None, source: Any,
@@ -177,3 +186,107 @@ def warn_nonfinite(group: Group, value_range: ValueRange, compressor: Compressor
     warnings.warn(f"{subject(collective, name)}: inf or NaN in the input of {ranks}; "
                   f"{compressor.name} compression passes them on to the result",
                   NonFiniteWarning, stacklevel=2)
+
+
+def prepare(collective: str, tensor: Any, name: str | None, process_set: ProcessSet | None,
+            op: Any, prescale_factor: float, postscale_factor: float, algorithm: str | None,
+            compression: Any) -> Callable[[], Any]:
+    """Validate an allreduce of ``tensor`` (``collective`` ``allreduce_``: in place) and
+    return its body (run it to reduce)."""
+    in_place = collective == "allreduce_"
+    on_device = device_tensor(tensor, collective, name, in_place)
+    if on_device is not None:
+        plan = allreduce_plan(on_device, op, name, prescale_factor, postscale_factor,
+                              process_set, algorithm, compression, collective, on_device=True)
+        memory = memory_for(plan.memory, on_device.device)
+
+        def run_on_device() -> Any:
+            with memory.entered(on_device):
+                out = on_device.owner if in_place else memory.new(on_device, on_device.shape)
+                reduce_planned(plan, collective, name, on_device.memory,
+                               on_device.memory if in_place else out, prescale_factor,
+                               postscale_factor, on_device.device)
+                return out
+
+        return run_on_device
+    array = (in_place_array if in_place else input_array)(tensor, collective, name)
+    plan = allreduce_plan(array, op, name, prescale_factor, postscale_factor, process_set,
+                          algorithm, compression, collective)
+    source = flat(array)
+    copy_back = in_place and not array.flags.c_contiguous
+    if in_place:
+        output = array
+        result = source
+    else:
+        output = RESULTS.empty(array.shape, array.dtype)
+        result = output.reshape(-1)
+
+    def run() -> np.ndarray:
+        reduce_planned(plan, collective, name, source, result, prescale_factor,
+                       postscale_factor)
+        if copy_back:
+            output[...] = result.reshape(output.shape)
+        return output
+
+    return run
+
+
+def _planned(plan: AllreducePlan, collective: str, name: str | None, tensor: np.ndarray,
+             output: np.ndarray, arguments: tuple) -> None:
+    """The run of a kept plan (see :class:`CallForms`): reduce C-contiguous ``tensor``
+    into ``output`` (may be it)."""
+    source = tensor.reshape(-1)
+    reduce_planned(plan, collective, name, source,
+                   source if output is tensor else output.reshape(-1), arguments[1],
+                   arguments[2])
+
+
+def _carried(plan: AllreducePlan, collective: str, name: str | None, tensor: np.ndarray,
+             output: np.ndarray, arguments: tuple) -> None:
+    """The run of a kept plan whose data rides in the agreement (see :class:`CallForms`)."""
+    plan.carried.run(tensor, output, arguments[1])
+
+
+def prepare_grouped(collective: str, tensors: Sequence[Any], name: str | None,
+                    process_set: ProcessSet | None, op: Any, prescale_factor: float,
+                    postscale_factor: float, algorithm: str | None,
+                    compression: Any) -> Callable[[], list[Any]]:
+    """Validate a grouped allreduce of ``tensors`` (``collective``
+    ``grouped_allreduce_``: in place) and return its body."""
+    in_place = collective == "grouped_allreduce_"
+    arguments = (op, name, prescale_factor, postscale_factor, process_set, algorithm,
+                 compression, collective)
+    on_device = [device_tensor(t, collective, name, in_place) for t in tensors]
+    if any(t is not None for t in on_device):
+        if not all(on_device):
+            raise InvalidArgumentError(
+                f"{subject(collective, name)}: some tensors are in GPU memory and some in "
+                f"host memory; group them separately")
+        if len({t.device for t in on_device}) > 1:
+            raise InvalidArgumentError(
+                f"{subject(collective, name)}: the tensors are on different GPUs "
+                f"({sorted({t.device for t in on_device})}); group the tensors of one GPU")
+        grouped = GroupedCall(on_device, *arguments, on_device=True)
+        ordinal = on_device[0].device
+        memory = memory_for(grouped.memory, ordinal)
+
+        def run_on_device() -> list[Any]:
+            with memory.entered(*on_device):
+                sources = [t.memory for t in on_device]
+                targets = sources if in_place else [memory.new(t, t.shape) for t in on_device]
+                reduce_grouped(grouped, collective, name, sources, targets, prescale_factor,
+                               postscale_factor, ordinal)
+                return [t.owner for t in on_device] if in_place else targets
+
+        return run_on_device
+    convert = in_place_array if in_place else input_array
+    arrays = [convert(t, collective, name) for t in tensors]
+    grouped = GroupedCall(arrays, *arguments)
+    return lambda: reduce_grouped(grouped, collective, name, arrays,
+                                  arrays if in_place else None, prescale_factor,
+                                  postscale_factor)
+
+
+FORMS = CallForms("allreduce", prepare, kept_allreduce_plan, _planned, _carried,
+                  planned_output=RESULTS.empty, carried_output=np.empty)
+GROUPED_FORMS = CallForms("grouped_allreduce", prepare_grouped)

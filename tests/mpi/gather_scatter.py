@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 
 import ringtrain as rt
-from ringtrain.collectives._allgather import _AllgatherPlan
-from ringtrain.collectives._alltoall import _AlltoallPlan
-from ringtrain.collectives.transport._mailboxes import MESSAGE_BYTES
-from ringtrain.collectives._reducescatter import _ReducescatterPlan
 from ringtrain.collectives.algorithms._ring import reduce_scatter as python_reduce_scatter
 from ringtrain.collectives.algorithms._selection import auto_choice
+from ringtrain.collectives.calls._allgather_plan import AllgatherPlan
+from ringtrain.collectives.calls._alltoall_plan import AlltoallPlan
+from ringtrain.collectives.calls._reducescatter_plan import ReducescatterPlan
+from ringtrain.collectives.transport._mailboxes import MESSAGE_BYTES
 from ringtrain.collectives.world._topology import layout_of
 from ringtrain.collectives.world._world import world
 from _harness import (COPY_DTYPES, OPS, REDUCE_DTYPES, WORLD, assert_equal_arrays, assert_reduced,
@@ -377,7 +377,7 @@ def large_allgathers_and_alltoalls_check_and_move_in_one_compiled_call():
     for dtype in COPY_DTYPES:
         rows = 50000  # 150 000 elements of 1 byte or more a rank: too many for the messages
         inputs = [make_input(r, (rows, 3), dtype, None, "agc") for r in range(k)]
-        plan = _AllgatherPlan(inputs[me], "compiled", None, None, False)
+        plan = AllgatherPlan(inputs[me], "compiled", None, None, False)
         assert (plan.checked is not None) == (k > 1), f"allgather {dtype.name}: compiled call?"
         assert_equal_arrays(rt.allgather(inputs[me], name="compiled"),
                             np.concatenate(inputs), f"allgather in one call, {dtype.name}")
@@ -387,7 +387,7 @@ def large_allgathers_and_alltoalls_check_and_move_in_one_compiled_call():
         for blocks, per_block in (("even", 20000), ("as even as can be", 20000.5)):
             rows = int(per_block * k)
             inputs = [make_input(r, (rows, 2), dtype, None, "a2ac") for r in range(k)]
-            plan = _AlltoallPlan(inputs[me], "compiled", None, None, False)
+            plan = AlltoallPlan(inputs[me], "compiled", None, None, False)
             one_call = k > 1 and rows % k == 0
             assert (plan.checked is not None) == one_call, \
                 f"alltoall {dtype.name}, {blocks} blocks: compiled call?"
@@ -430,7 +430,7 @@ def pairwise_allgathers_pass_rows_of_any_size_through_the_mailboxes():
         for algorithm in ("pairwise", "auto"):
             what = f"allgather({algorithm}), {title}"
             if algorithm == "auto" and title == "96 KiB gathered":
-                plan = _AllgatherPlan(inputs[me], "pairwise", None, algorithm, False)
+                plan = AllgatherPlan(inputs[me], "pairwise", None, algorithm, False)
                 assert (plan.checked is not None) == (k > 1), f"{what}: compiled call?"
             assert_equal_arrays(rt.allgather(inputs[me], name="pairwise",
                                              algorithm=algorithm),
@@ -467,7 +467,7 @@ def pairwise_alltoalls_pass_blocks_of_any_size_through_the_mailboxes():
                           splits_of[me] if me == k - 1 or not even else None):
                 what = f"alltoall({algorithm}), {title}, splits given: {given is not None}"
                 if even and algorithm == "auto":
-                    plan = _AlltoallPlan(inputs[me], "pairwise", None, algorithm, False)
+                    plan = AlltoallPlan(inputs[me], "pairwise", None, algorithm, False)
                     assert (plan.checked is not None) == (k > 1), f"{what}: compiled call?"
                 received, received_splits = rt.alltoall(inputs[me], given, name="pairwise",
                                                         algorithm=algorithm)
@@ -489,7 +489,7 @@ def allgather_rows_ride_in_the_agreement_only_where_the_table_says_so():
     settings = rt.current_settings()
     for row_count in (4, 4096 // k, 24576 // k):
         inputs = [make_input(r, (row_count,), np.float32, None, "ride") for r in range(k)]
-        plan = _AllgatherPlan(inputs[me], "ride", None, None, False)
+        plan = AllgatherPlan(inputs[me], "ride", None, None, False)
         rides = auto_choice("allgather", inputs[me].nbytes * k, k, settings,
                             layout_of(world().group, settings)) == "recursive_doubling"
         assert plan.carried.carries_data == rides, (row_count, plan.carried.carries_data)
@@ -541,7 +541,7 @@ def ring_reducescatters_check_and_reduce_in_one_compiled_call():
                         continue
                     post = 0.5 if floating else 1.0
                     x = make_input(me, shape, dtype, op, "rsc")
-                    plan = _ReducescatterPlan(x, op, None, 1.0, post, None, "ring",
+                    plan = ReducescatterPlan(x, op, None, 1.0, post, None, "ring",
                                               rt.Compression.none, False)
                     what = f"reducescatter ring {np.dtype(dtype).name} {op.name} {shape}"
                     assert (plan.checked is not None) == (k > 1), f"{what}: compiled call?"

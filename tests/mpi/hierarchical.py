@@ -13,9 +13,9 @@ import numpy as np
 from mpi4py import MPI
 
 import ringtrain as rt
-from ringtrain.collectives._allgather import _PLANS as ALLGATHER_PLANS
-from ringtrain.collectives._allreduce import allreduce_plan
-from ringtrain.collectives._reducescatter import _PLANS as REDUCESCATTER_PLANS
+from ringtrain.collectives.calls._allgather_plan import _PLANS as ALLGATHER_PLANS
+from ringtrain.collectives.calls._allreduce_plan import allreduce_plan
+from ringtrain.collectives.calls._reducescatter_plan import _PLANS as REDUCESCATTER_PLANS
 from ringtrain.collectives.world._topology import layout_of
 from ringtrain.collectives.world._world import world
 from ringtrain.collectives.tuning import default_choice

@@ -23,7 +23,7 @@ from ringtrain.collectives.algorithms import _broadcast_algorithms, _native, _ri
 from ringtrain.collectives.transport import _pairwise
 from ringtrain.collectives import tuning
 from ringtrain.collectives.agreement._checked import CheckedCollective
-from ringtrain.collectives._allreduce import allreduce_plan
+from ringtrain.collectives.calls._allreduce_plan import allreduce_plan
 from ringtrain.collectives.world._world import world
 from ringtrain.collectives.bench import tune
 from ringtrain.collectives.tuning import Range, TuningTable, default_choice, key_of, parse_table
