@@ -106,14 +106,17 @@ def _checked_ring(plan, handles, ring, factors, scratch, stamps, fresh_header, s
     (:func:`..transport._c_calls.stamp`), they hold the times of the call's start,
     of the check's end, and of the end of each half of the ring."""
     stamp(stamps, 0)
-    error = agreed(plan, handles, fresh_header, HEADERS_IF_DIFFERENT)
+    # np.int64: one compilation for every value (see _compiled_steps._reduce).
+    error = agreed(plan, handles, fresh_header, np.int64(HEADERS_IF_DIFFERENT))
     if error != 0:
         return error
     stamp(stamps, 1)
-    error = _ring_steps(ring, handles, factors, scratch, source, result, _REDUCE_SCATTER)
+    error = _ring_steps(ring, handles, factors, scratch, source, result,
+                        np.int64(_REDUCE_SCATTER))
     stamp(stamps, 2)
     if error == 0:
-        error = _ring_steps(ring, handles, factors, scratch, source, result, _ALLGATHER)
+        error = _ring_steps(ring, handles, factors, scratch, source, result,
+                            np.int64(_ALLGATHER))
     stamp(stamps, 3)
     return error
 

@@ -58,7 +58,9 @@ def _take_held(state, boxes, counters, peer: int, message, receive, header_bytes
     if adopt:
         copy_bytes(message.ctypes.data, receive.ctypes.data, header_bytes)
     else:
-        fold(state, message, receive, HEADERS_IF_DIFFERENT, 0, message[:0], receive[:0])
+        # np.int64: one compilation for every value (see _compiled_steps._reduce).
+        fold(state, message, receive, np.int64(HEADERS_IF_DIFFERENT), np.int64(0), message[:0],
+             receive[:0])
     return holds
 
 
@@ -225,7 +227,7 @@ def _take_cells(state, boxes, counters, peer: int, message, receive, head_bytes:
         copy_bytes(message.ctypes.data, receive.ctypes.data, head_bytes)
     else:
         header_bytes = 8 * state[_HEADER_WORDS]
-        fold(state, message, receive, PAYLOADS, _BITWISE_OR,
+        fold(state, message, receive, np.int64(PAYLOADS), np.int64(_BITWISE_OR),
              message[header_bytes:head_bytes], receive[header_bytes:head_bytes])
 
 

@@ -185,8 +185,10 @@ def _reduce(state, comm, byte, boxes, counters, message, length: int, receive, o
     else:
         for i in range(count):
             data[i] = source[i] * factors[0]
+    # Constants go to compiled callees as np.int64: passed as they are, each value would
+    # compile the callee once more, for that value alone.
     error = exchange(state, comm, byte, boxes, counters, message, length, receive,
-                     PAYLOADS, op, data, received)
+                     np.int64(PAYLOADS), op, data, received)
     if error != 0:
         return error
     if not same_signature(state, message, fresh_header):
@@ -247,7 +249,7 @@ def agreed(plan, handles, fresh_header, mode: int) -> int:
     header_bytes, length = fresh_header.size, plan[_LENGTH]
     copy_bytes(message.ctypes.data, fresh_header.ctypes.data, header_bytes)
     error = exchange(state, handles[0], handles[1], boxes, counters, message, length, arrived,
-                     mode, _BITWISE_OR, message[header_bytes:length],
+                     mode, np.int64(_BITWISE_OR), message[header_bytes:length],
                      arrived[header_bytes:length])
     if error != 0:
         return error
