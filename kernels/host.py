@@ -795,3 +795,37 @@ def zeros_like(array: np.ndarray) -> np.ndarray:
 def dtype_of(array: np.ndarray) -> np.dtype:
     """``array``'s numpy dtype."""
     return array.dtype
+
+
+def compile_every_kernel() -> None:
+    """Run every kernel of this module once, on small arrays and on arrays large enough to
+    run in parallel, on one thread and on two: numba compiles each specialization (or
+    loads it from its disk cache). The thread count is restored after."""
+    threads = host_threads()
+    try:
+        for count in (1, 2):
+            set_host_threads(count)
+            for n in (5, PARALLEL_MIN_ELEMENTS):
+                x = np.linspace(-2, 2, n).astype(np.float32)
+                h, b = np.empty(n, np.float16), np.empty(n, np.uint16)
+                out = np.empty(n, np.float32)
+                for scale in (2.0, 1.0):
+                    encode_half(x, h, scale)
+                    encode_bfloat(x, b, scale)
+                    decode_half(h, out, scale)
+                    decode_bfloat(b, out, scale)
+                encode_half(x, h, 2.0, np.zeros_like(x))
+                encode_bfloat(x, b, 2.0, np.zeros_like(x))
+                abs_max(x)
+                abs_max(x.astype(np.float64))
+                for op in OP_CODES:
+                    reduce_into(op, h, h.copy(), np.empty_like(h))
+                    reduce_into(op, h, h.copy(), h)
+                    reduce_into(op, b, b.copy(), np.empty_like(b), "bfloat16")
+                    reduce_into(op, b, b.copy(), b, "bfloat16")
+                scale_into(b, 0.5, np.empty_like(b), "bfloat16")
+                scale_into(b, 0.5, b, "bfloat16")
+                divide_into(b, 3, np.empty_like(b), "bfloat16")
+                divide_into(b, 3, b, "bfloat16")
+    finally:
+        set_host_threads(threads)

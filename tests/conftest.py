@@ -34,12 +34,22 @@ helpers that libraries run at import (``ldconfig -p`` behind ``ctypes.util.find_
 are not among them."""
 
 
+@pytest.fixture(scope="session")
+def _compiled_once() -> None:
+    """numba's cache filled before the first test that starts processes, every CPU
+    compiling its share once (:mod:`ringtrain.collectives.warm_up`): the ranks of a
+    program would otherwise each compile the same functions at the same time."""
+    subprocess.run([sys.executable, "-m", "ringtrain.collectives.warm_up"], check=True,
+                   timeout=900)
+
+
 @pytest.fixture(autouse=True)
 def _only_marked_tests_start_processes(request: pytest.FixtureRequest,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A test that starts an interpreter, MPI ranks or a launcher without the
     ``processes`` mark fails, so the quick tier stays quick."""
     if request.node.get_closest_marker("processes") is not None:
+        request.getfixturevalue("_compiled_once")
         return
     start = subprocess.Popen.__init__
 

@@ -542,7 +542,7 @@ def ring_reducescatters_check_and_reduce_in_one_compiled_call():
                     post = 0.5 if floating else 1.0
                     x = make_input(me, shape, dtype, op, "rsc")
                     plan = ReducescatterPlan(x, op, None, 1.0, post, None, "ring",
-                                              rt.Compression.none, False)
+                                             rt.Compression.none, False)
                     what = f"reducescatter ring {np.dtype(dtype).name} {op.name} {shape}"
                     assert (plan.checked is not None) == (k > 1), f"{what}: compiled call?"
                     python = np.empty(plan.share_shape, dtype)
