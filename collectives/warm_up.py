@@ -6,8 +6,8 @@ one call, the riding broadcast and gather, the pairwise exchange, point-to-point
 Adasum, the 16-bit host kernels) is compiled per dtype the first time a program makes
 it, on every rank at once, and loaded from numba's cache ever after. Compiling them all
 takes minutes of one core (:func:`specializations` lists them); this spreads them over
-several processes, each compiling every specialization of its dtypes, so that none is
-compiled twice.
+several processes, each compiling every specialization of its dtypes, so that each is
+compiled by one process (the few callees that every dtype shares aside).
 
 Run once after installing or upgrading ringtrain (the cache lives beside the package, or
 in ``NUMBA_CACHE_DIR``)::

@@ -1,6 +1,6 @@
 """Running planned allreduces: the call validated into its body; agree with the other
 ranks, then scale, compress, reduce and unpack, the same steps for host arrays and device
-tensors (only the memory, :mod:`.._memory`, that moves and reduces a flat buffer
+tensors (only the memory, :mod:`..memory._memory`, that moves and reduces a flat buffer
 differs); the runs of a kept plan; the call forms declared (:data:`FORMS`,
 :data:`GROUPED_FORMS`)."""
 
