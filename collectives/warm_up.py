@@ -27,8 +27,9 @@ import numba
 import numpy as np
 from numba import types
 
-PAYLOAD_DTYPES = ("float32", "float64", "int8", "uint8", "int16", "int32", "int64")
-"""The dtypes that compiled code moves and combines (:func:`payload_code`)."""
+PAYLOAD_DTYPES = ("float32", "float64", "int8", "uint8", "int16", "int32", "int64", "uint16")
+"""The dtypes that compiled code moves and combines (:func:`payload_code`); uint16 holds
+the 16-bit floats' bits, which it reduces only."""
 HOST_KERNELS = "float16/bfloat16"
 """The share of the 16-bit host kernels (:func:`..kernels.host.compile_every_kernel`)."""
 _HOST_KERNELS_LOAD = 13
@@ -84,20 +85,23 @@ def specializations() -> dict[str, list[Specialization]]:
     ]}
     for name in PAYLOAD_DTYPES:
         data = _array(name)
+        factors = _array("float32") if name == "uint16" else data
         found[name] = [
             (_compiled_steps.exchange, (words, handle, handle, words, words, byte, size, byte,
                                         size, size, data, data)),
             (_compiled_steps._reduce, (words, handle, handle, words, words, byte, size, byte,
-                                       size, header, data, data, data)),
-            (_compiled_steps.reduce_planned, (words, handles, header, data, data, data)),
-            (_compiled_ring._checked_ring, (words, handles, words, data, data, words, header,
-                                            data, data)),
-            (_compiled_ring._ring_steps, (words, handles, data, data, data, data, size)),
-            (_compiled_checked.checked_collective_call, (words, handles, words, words, header,
-                                                         data, data)),
-            (_pairwise.through_mailboxes, (words, words, size, data, words, types.boolean,
-                                           data, words)),
+                                       size, header, factors, data, data)),
+            (_compiled_steps.reduce_planned, (words, handles, header, factors, data, data)),
+            (_compiled_ring._checked_ring, (words, handles, words, factors, data, words,
+                                            header, data, data)),
+            (_compiled_ring._ring_steps, (words, handles, factors, data, data, data, size)),
         ]
+        if name != "uint16":
+            found[name] += [
+                (_compiled_checked.checked_collective_call, (words, handles, words, words,
+                                                             header, data, data)),
+                (_pairwise.through_mailboxes, (words, words, size, data, words, types.boolean,
+                                               data, words))]
         if name.startswith("float"):
             found[name] += [(adasum._sums, (data, data)),
                             (adasum._scaled_add, (data, types.float64, data, types.float64))]

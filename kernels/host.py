@@ -31,6 +31,8 @@ PARALLEL_MIN_ELEMENTS = 1 << 17
 OP_CODES = {"sum": 0, "average": 0, "min": 1, "max": 2, "product": 3}
 """Reduction ops by name, as the compiled loops number them."""
 
+_OP_NAMES = ("add", "minimum", "maximum", "multiply")  # by op code
+
 NUMPY_REDUCTIONS: dict[str, np.ufunc] = {
     "sum": np.add,
     "average": np.add,
@@ -412,6 +414,32 @@ _reduce_half = _reducer(_half_from_float, _float_from_half, "half")
 _reduce_bfloat = _bfloat_reducer()
 _scale_bfloat = _bfloat_loop(_times, "scale")
 _divide_bfloat = _bfloat_loop(_over, "divide")
+
+
+def _half_loop(step: Callable, name: str) -> Callable:
+    """The serial loop for ``out = step(a, factor)`` on float16 bits, computed in float32
+    and rounded once, as numpy's float16 arithmetic does; ``out`` may be ``a``. (The
+    host's own float16 scaling is numpy's; compiled callers, :mod:`.elementwise`, take
+    this one.)"""
+    operation = _jitable(step)
+
+    def loop(a, factor, out):
+        for i in range(out.size):
+            value = np.uint32(_float_from_half(a[i])).view(np.float32)
+            out[i] = _half_from_float(np.float32(operation(value, factor)).view(np.uint32))
+
+    loop.__qualname__ = f"{name}_half_loop"
+    return numba.njit(cache=True, nogil=True)(loop)
+
+
+SERIAL_SIXTEEN_BIT_LOOPS: dict[str, Callable] = {
+    **{f"{name}_half": _reduce_half[code].serial for code, name in enumerate(_OP_NAMES)},
+    **{f"{name}_bfloat": _reduce_bfloat[code].serial for code, name in enumerate(_OP_NAMES)},
+    "scale_half": _half_loop(_times, "scale"), "divide_half": _half_loop(_over, "divide"),
+    "scale_bfloat": _scale_bfloat.serial, "divide_bfloat": _divide_bfloat.serial}
+"""The serial loops on 16-bit float bits, by name (``add_half`` ... ``divide_bfloat``), for
+compiled callers (:mod:`.elementwise`): ``loop(a, b, out)`` combines, ``loop(a, factor,
+out)`` scales or divides by a float32."""
 
 
 def _abs_max_loop(bits, sign_clear, infinity, zero):

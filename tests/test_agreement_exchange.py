@@ -72,7 +72,7 @@ def test_handles_keep_their_bits_at_the_c_width(mpi_object):
     assert int(handle) % (1 << width) == MPI._handleof(mpi_object) % (1 << width)
 
 
-def test_payload_codes_cover_numpy_combinations_and_nothing_else():
+def test_payload_codes_cover_numpy_and_16_bit_combinations_and_nothing_else():
     native = [np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32, np.int64]
     ufuncs = (np.add, np.minimum, np.maximum, np.multiply)
     for f in ufuncs:
@@ -82,7 +82,9 @@ def test_payload_codes_cover_numpy_combinations_and_nothing_else():
     assert payload_code(np.dtype(np.uint8), np.bitwise_or) not in codes
     assert payload_code(np.dtype(np.float16), np.add) is None
     assert payload_code(np.dtype(np.float32), np.subtract) is None
-    assert payload_code(BFLOAT16, reducer("sum", BFLOAT16)) is None
+    sixteen = {payload_code(dtype, reducer(op, dtype)) for op in ("sum", "min", "max", "product")
+               for dtype in (np.dtype(np.float16), BFLOAT16)}
+    assert None not in sixteen and len(sixteen) == 8 and not sixteen & codes
 
 
 def _group_of_two(rank: int) -> SimpleNamespace:

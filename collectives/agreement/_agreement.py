@@ -72,11 +72,11 @@ class Buffers:
             views = self._payloads[(dtype, count)] = PayloadViews(self, dtype, count)
         return views
 
-    def combine_headers(self, _: np.ndarray | None = None) -> None:
+    def combine_headers(self, *_: Any) -> None:
         """Fold the received header into ours: elementwise max."""
         np.maximum(self.header, self.received_header, out=self.header)
 
-    def combine_differing(self, _: np.ndarray | None = None) -> None:
+    def combine_differing(self, *_: Any) -> None:
         """:meth:`combine_headers` for headers without value ranges: a no-op when the
         signatures are equal, so only then skipped."""
         if self.received_signature != self.signature:
@@ -135,7 +135,7 @@ def agree(group: Group, call: Call,
 
 
 def exchange_through_mailboxes(group: Group, buffers: Buffers, fresh_header: np.ndarray,
-                               message: np.ndarray, fold: Callable[[np.ndarray], None],
+                               message: np.ndarray, fold: Callable[[np.ndarray, bool], None],
                                transport: Any) -> int:
     """The agreement's exchange from Python with ``fresh_header`` at the head of
     ``message`` (the agreement's), folded by ``fold``, what follows ``message`` made and
@@ -231,10 +231,13 @@ def exchange_carrying(group: Group, call: Call, buffers: Buffers, views: Payload
         compiled.run(buffers.message, views.message.nbytes, buffers.receive, PAYLOADS, code,
                      data, received)
     else:
-        def fold(_: np.ndarray) -> None:
+        def fold(_: np.ndarray, theirs_first: bool) -> None:
             # Unequal headers mean unequal calls: the payloads may differ even in size.
             if received_signature == signature:
-                combine(data, received, out=data)
+                if theirs_first:
+                    combine(received, data, out=data)
+                else:
+                    combine(data, received, out=data)
             else:
                 buffers.combine_headers()
 

@@ -23,7 +23,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ...kernels import is_floating, scale_into
-from ...kernels.reduction import Combine
+from ...kernels.elementwise import factors_for
+from ...kernels.reduction import Combine, compiled_dtype, compiled_view
 from .. import timeline
 from ..base._activity import ACTIVITY
 from ..base._finishing import Finisher
@@ -54,7 +55,7 @@ class CarriedReduction:
     """
 
     __slots__ = ("group", "call", "_buffers", "_views", "_combine", "_finish", "_reduce",
-                 "_factors", "_prescale", "_floating")
+                 "_code", "_factors", "_prescale", "_floating", "_bits")
 
     def __init__(self, group: Group, call: Call, dtype: np.dtype, count: int,
                  combine: Combine, finish: Finisher | None):
@@ -62,14 +63,15 @@ class CarriedReduction:
         self._buffers = buffers = buffers_of(group)
         self._views = buffers.payload(dtype, count)
         self._combine, self._finish = combine, finish
-        code = None if buffers.compiled is None else payload_code(dtype, combine)
+        self._code = code = None if buffers.compiled is None else payload_code(dtype, combine)
         self._reduce = None if code is None else buffers.compiled.reduction(
             buffers.message, self._views.message.nbytes, buffers.receive, code)
         divisor, postscale = (1, 1.0) if finish is None else \
             (finish.divisor, finish.postscale_factor)
-        self._factors = np.array([1.0, divisor, postscale]).astype(dtype)
+        self._factors = factors_for(code or 0, dtype, (1.0, divisor, postscale))
         self._prescale = 1.0
         self._floating = is_floating(dtype)
+        self._bits = compiled_dtype(dtype) != dtype
 
     def run(self, source: np.ndarray, result: np.ndarray, prescale_factor: float) -> None:
         """Agree on the call while allreducing C-contiguous ``source`` (multiplied by
@@ -102,7 +104,11 @@ class CarriedReduction:
         reduce = self._reduce
         if reduce is not None and (prescale_factor == 1.0 or self._floating):
             if prescale_factor != self._prescale:
-                self._factors[0] = self._prescale = prescale_factor
+                self._prescale = prescale_factor
+                self._factors[0] = factors_for(self._code, self._factors.dtype,
+                                               (prescale_factor,))[0]
+            if self._bits:
+                source, result = compiled_view(source), compiled_view(result)
             status = reduce(call.fresh_array, self._factors, source, result)
             if status == 0:
                 return result
@@ -311,7 +317,7 @@ class CarriedGather:
         received = buffers.receive[HEADER_BYTES:HEADER_BYTES + all_words]
         words[:] = source[:all_words]
 
-        def fold(_: np.ndarray) -> None:
+        def fold(*_: Any) -> None:
             if buffers.received_signature == buffers.signature:
                 np.bitwise_or(words, received, out=words)
             else:

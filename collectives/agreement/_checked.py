@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ...kernels.reduction import compiled_dtype, compiled_view
 from .. import timeline
 from ..algorithms._compiled_ring import checked_ring as compiled_ring
 from ..base._activity import ACTIVITY
@@ -74,12 +75,12 @@ class CheckedCollective:
     cannot be.
     """
 
-    __slots__ = ("group", "call", "_buffers", "_run", "_width", "_traced")
+    __slots__ = ("group", "call", "_buffers", "_run", "_width", "_traced", "_bits")
 
     def __init__(self, group: Group, call: Call, buffers: Buffers, run: Callable[..., int],
-                 width: int, traced: TracedRun | None = None):
+                 width: int, traced: TracedRun | None = None, bits: bool = False):
         self.group, self.call, self._buffers, self._run = group, call, buffers, run
-        self._width, self._traced = width, traced
+        self._width, self._traced, self._bits = width, traced, bits
 
     def run(self, send: np.ndarray, receive: np.ndarray) -> np.ndarray | None:
         """Agree on the call, then make the collective from 1-D ``send`` into 1-D
@@ -94,6 +95,8 @@ class CheckedCollective:
             MismatchError: on every rank, when any rank's call differs.
             MPI.Exception: the MPI call failed.
         """
+        if self._bits:
+            send, receive = compiled_view(send), compiled_view(receive)
         call = enter(self.group, self.call)
         try:
             if timeline.ACTIVE is None or self._traced is None:
@@ -194,4 +197,5 @@ def checked_ring(group: Group, call: Call, dtype: np.dtype, bounds: list[int], g
     phases = ("wait for ranks", "reduce-scatter", "allgather")
     return CheckedCollective(group, call, buffers, run, 0, TracedRun(
         bound(stamps), stamps, phases if gather else phases[:2],
-        {"bytes": (bounds[-1] - bounds[0]) * np.dtype(dtype).itemsize}))
+        {"bytes": (bounds[-1] - bounds[0]) * np.dtype(dtype).itemsize}),
+        compiled_dtype(dtype) != dtype)

@@ -7,9 +7,10 @@ the Python between the steps is gone. That Python costs more than its microsecon
 warm loop suggest: each segment's transfer sweeps the caches, and every interpreter step
 after it misses (docs/lab/2026-11-26-the-ring-in-compiled-code.md measures it).
 
-Host arrays of the dtypes the compiled exchange combines (:func:`payload_code`),
-uncompressed; the Python ring serves the rest. A call a timeline records runs the same
-steps in two compiled calls, the reduce-scatter and the allgather, each one phase.
+Host arrays of the dtypes the compiled exchange combines (:func:`payload_code`: numpy's
+own, and the 16-bit floats as their bits, compressed wires included). A call a timeline
+records runs the same steps in two compiled calls, the reduce-scatter and the allgather,
+each one phase.
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ import numba
 import numpy as np
 from mpi4py import MPI
 
+from ...kernels.elementwise import combine_values, factors_for, finish_values
+from ...kernels.reduction import compiled_view
 from .. import timeline
 from ..base._finishing import Finisher
 from ..base._group import Group
 from ..base._tracing import phase
 from ..transport._c_calls import NO_STAMPS, MpiFunctions, call_c, mpi_functions, stamp
 from ..transport._compiled_exchange import CompiledExchange
-from ..transport._compiled_steps import HEADERS_IF_DIFFERENT, agreed, payload_code, pick
+from ..transport._compiled_steps import HEADERS_IF_DIFFERENT, agreed, payload_code
 from ._ring import ALLGATHER_TAG, REDUCE_SCATTER_TAG, chunk_bounds
 
 # Words of a ring's description (int64): where this rank's finished chunk goes in the
@@ -38,43 +41,6 @@ _REDUCE_SCATTER, _ALLGATHER, _BOTH = 1, 2, 3  # the halves :func:`_ring_steps` r
 _MAX_MESSAGE_BYTES = (1 << 31) - 1
 _RINGS_KEPT = 64
 """Descriptions of unchecked rings kept per group (all dropped when it is reached)."""
-
-
-@numba.njit(cache=True, nogil=True)
-def _combine_into(op: int, mine, received, out) -> None:
-    """``out = mine (op) received`` elementwise; ``out`` is ``mine`` or apart from both."""
-    count = out.size
-    if out.ctypes.data == mine.ctypes.data:  # in place: two arrays apart, run on vectors
-        if op == 0:
-            for i in range(count):
-                out[i] += received[i]
-        elif op == 3:
-            for i in range(count):
-                out[i] *= received[i]
-        else:
-            for i in range(count):
-                out[i] = pick(op, out[i], received[i])
-    elif op == 0:
-        for i in range(count):
-            out[i] = mine[i] + received[i]
-    elif op == 3:
-        for i in range(count):
-            out[i] = mine[i] * received[i]
-    else:
-        for i in range(count):
-            out[i] = pick(op, mine[i], received[i])
-
-
-@numba.njit(cache=True, nogil=True)
-def _finish(values, factors) -> None:
-    """``values / factors[1] * factors[2]``, each operation rounded to the dtype (as
-    :class:`._finishing.Finisher` computes it)."""
-    if factors[1] != 1:
-        for i in range(values.size):
-            values[i] = values[i] / factors[1]
-    if factors[2] != 1:
-        for i in range(values.size):
-            values[i] = values[i] * factors[2]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -125,7 +91,7 @@ def _checked_ring(plan, handles, ring, factors, scratch, stamps, fresh_header, s
 def _ring_steps(ring, handles, factors, scratch, source, result, halves) -> int:
     """The ring that ``ring`` describes over the communicator of ``handles`` (with
     ``MPI_BYTE``): the reduce-scatter of 1-D ``source``, this rank's chunk finished by
-    ``factors`` (see :func:`_finish`) into ``result`` at its place, then, for an
+    ``factors`` into ``result`` at its place, then, for an
     allreduce, the allgather of every chunk in ``result`` (may be ``source``); of these,
     the ``halves`` (``_REDUCE_SCATTER``, ``_ALLGATHER`` or ``_BOTH``): 0 or an MPI
     error."""
@@ -161,9 +127,9 @@ def _ring_steps(ring, handles, factors, scratch, source, result, halves) -> int:
             # The last step receives this rank's own chunk: it goes to the result.
             into = partial[:b_end - b] if step < size - 2 else \
                 result[b - own_at:b_end - own_at]
-            _combine_into(op, source[b:b_end], received[:b_end - b], into)
+            combine_values(op, source[b:b_end], received[:b_end - b], into)
             if step == size - 2 and finishing:
-                _finish(into, factors)
+                finish_values(op, into, factors, into)
             outgoing = into.ctypes.data
     if ring[_GATHER] == 0 or not halves & _ALLGATHER:
         return 0
@@ -182,7 +148,8 @@ def _ring_steps(ring, handles, factors, scratch, source, result, halves) -> int:
 @dataclass(frozen=True)
 class _Ring:
     """What the compiled ring takes for one kind of call: its description (int64 words),
-    the finishing factors (of the dtype) and the two segments in flight."""
+    the finishing factors (:func:`...kernels.elementwise.factors_for`) and the two
+    segments in flight."""
 
     words: np.ndarray
     factors: np.ndarray
@@ -195,10 +162,10 @@ def _ring_for(group: Group, functions: MpiFunctions, dtype: np.dtype, bounds: li
     """The compiled ring over ``group`` of the chunks of ``dtype`` between ``bounds``
     (elements), combined by payload code ``op``, finished by ``finish`` and gathered
     (an allreduce) or not (a reduce-scatter, whose result is this rank's chunk); None
-    where it cannot run: values it does not combine, a 16-bit float's bits, or a chunk
-    larger than one MPI message of bytes can be. The segments in flight are held in the
-    group's scratch memory, where the Python ring holds them."""
-    if op is None or finish is not None and finish.encoding is not None:
+    where it cannot run: values it does not combine, or a chunk larger than one MPI
+    message of bytes can be. The segments in flight are held in the group's scratch
+    memory, where the Python ring holds them."""
+    if op is None:
         return None
     longest = max(bounds[chunk + 1] - bounds[chunk] for chunk in range(group.size))
     itemsize = np.dtype(dtype).itemsize
@@ -208,10 +175,11 @@ def _ring_for(group: Group, functions: MpiFunctions, dtype: np.dtype, bounds: li
     words = np.array([functions.sendrecv, functions.send, functions.recv, group.rank,
                       group.size, per_segment, op, 0 if gather else bounds[group.rank],
                       int(gather), *bounds] + [0] * -(-functions.status_bytes // 8), np.int64)
-    factors = np.array([1, 1, 1] if finish is None else
-                       [1, finish.divisor, finish.postscale_factor], dtype)
+    factors = factors_for(op, dtype, (1, 1, 1) if finish is None else
+                          (1, finish.divisor, finish.postscale_factor))
     nbytes = 2 * per_segment * itemsize
-    return _Ring(words, factors, group.scratch.get("ring.segments", nbytes)[:nbytes].view(dtype))
+    segments = group.scratch.get("ring.segments", nbytes)[:nbytes].view(dtype)
+    return _Ring(words, factors, compiled_view(segments))
 
 
 def checked_ring(exchange: CompiledExchange, message: np.ndarray, receive: np.ndarray,
@@ -255,6 +223,7 @@ def ring_allreduce(group: Group, source: np.ndarray, result: np.ndarray, combine
     handles, ring = rings[key]
     if ring is None:
         return False
+    source, result = compiled_view(source), compiled_view(result)
     if timeline.ACTIVE is None:
         error = _ring_steps(ring.words, handles, ring.factors, ring.segments, source, result,
                             _BOTH)

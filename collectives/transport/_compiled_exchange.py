@@ -46,7 +46,7 @@ class CompiledExchange:
                   0 if mailboxes is None else mailboxes.yield_address,
                   -1 if schedule.folded_into is None else schedule.folded_into,
                   -1 if schedule.folded_from is None else schedule.folded_from,
-                  signature_bytes, header_bytes // 8, len(schedule.partners),
+                  signature_bytes, header_bytes // 8, group.rank, len(schedule.partners),
                   *schedule.partners]
         self._state = np.array(fields + [0] * status_words, np.int64)
         self._comm = functions.handle(group.comm)
@@ -77,8 +77,9 @@ class CompiledExchange:
         and then ``source * factors[0]`` into ``message`` (``length`` bytes in all),
         exchanges them and combines by ``code`` as :meth:`run` does; then, if every
         rank's signature was ours, writes the data ``/ factors[1] * factors[2]`` into
-        ``result`` and returns 0. ``factors`` are of ``source``'s dtype (1 where nothing
-        is to be done: an integer payload is only copied); ``result`` may be ``source``.
+        ``result`` and returns 0. ``factors`` are those of
+        :func:`...kernels.elementwise.factors_for` (1 where nothing is to be done: an
+        integer payload is only copied); ``result`` may be ``source``.
 
         The call returns :data:`DIFFERENT` when some rank's signature differed (the
         message then holds the combined headers, as :meth:`run` leaves them, and

@@ -60,7 +60,7 @@ def _take_held(state, boxes, counters, peer: int, message, receive, header_bytes
     else:
         # np.int64: one compilation for every value (see _compiled_steps._reduce).
         fold(state, message, receive, np.int64(HEADERS_IF_DIFFERENT), np.int64(0), message[:0],
-             receive[:0])
+             receive[:0], False)
     return holds
 
 
@@ -228,7 +228,7 @@ def _take_cells(state, boxes, counters, peer: int, message, receive, head_bytes:
     else:
         header_bytes = 8 * state[_HEADER_WORDS]
         fold(state, message, receive, np.int64(PAYLOADS), np.int64(_BITWISE_OR),
-             message[header_bytes:head_bytes], receive[header_bytes:head_bytes])
+             message[header_bytes:head_bytes], receive[header_bytes:head_bytes], False)
 
 
 @numba.njit(cache=True, nogil=True)

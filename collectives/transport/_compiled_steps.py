@@ -16,12 +16,9 @@ the mailboxes is in :mod:`._compiled_riding`, the MPI collective made once the c
 has passed in :mod:`._compiled_checked`, and the per-group set-up that binds them to
 their arrays in :mod:`._compiled_exchange`.
 
-Payloads combine here by the operations numpy's ufuncs perform (``np.add``,
-``np.minimum``, ``np.maximum``, ``np.multiply`` on the dtypes below, each dtype compiled
-when it is first used; ``np.bitwise_or`` on bytes): the same values, except that a
-minimum or maximum of +0 and -0 is -0 or +0 whatever the operands' order (numpy returns
-its second operand on a tie), so that the ranks' results are bit-identical. Other
-combinations (16-bit floats) take the Python exchange.
+Payloads combine here as :mod:`ringtrain.kernels.elementwise` combines them (numpy's
+``np.add``, ``np.minimum``, ``np.maximum``, ``np.multiply`` on numpy's own dtypes and on
+16-bit floats, each dtype compiled when it is first used; ``np.bitwise_or`` on bytes).
 """
 from __future__ import annotations
 
@@ -30,6 +27,8 @@ from collections.abc import Callable
 import numba
 import numpy as np
 
+from ...kernels.elementwise import combine_values, finish_values, scale_values
+from ...kernels.reduction import value_code
 from ._c_calls import call_c, copy_bytes, void_pointer
 from ._mailboxes import mailbox_receive, mailbox_send
 from ._recursive_doubling import TAG
@@ -43,14 +42,11 @@ PAYLOADS = 2
 DIFFERENT = -1
 """What :func:`reduce_planned` returns when some rank's signature differed (nothing was reduced)."""
 
-_OPS: dict[Callable, int] = {np.add: 0, np.minimum: 1, np.maximum: 2, np.multiply: 3}
 _BITWISE_OR = -1
-_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int8, np.uint8, np.int16,
-                                          np.int32, np.int64))
 
 # Words of the per-group state array (int64); an MPI_Status follows them.
 _SENDRECV, _SEND, _RECV, _YIELD, _FOLDED_INTO, _FOLDED_FROM, _SIGNATURE_BYTES, \
-    _HEADER_WORDS, _PARTNER_COUNT, _PARTNERS = range(10)
+    _HEADER_WORDS, _RANK, _PARTNER_COUNT, _PARTNERS = range(11)
 
 
 def payload_code(dtype: np.dtype, combine: Callable) -> int | None:
@@ -58,46 +54,32 @@ def payload_code(dtype: np.dtype, combine: Callable) -> int | None:
     when it cannot (the Python exchange must)."""
     if combine is np.bitwise_or:
         return _BITWISE_OR
-    return _OPS.get(combine) if dtype in _DTYPES else None
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def pick(op: int, a, b):
-    """``a`` and ``b`` combined by payload code ``op`` (0 add, 1 minimum, 2 maximum,
-    3 multiply; see the module's note on minimum and maximum)."""
-    if op == 0:
-        return a + b
-    if op == 3:
-        return a * b
-    if a != a:
-        return a
-    if b != b:
-        return b
-    if a == b:
-        if a == 0:  # +0 and -0: -0 for the minimum, +0 for the maximum, in either order
-            return -((-a) + (-b)) if op == 1 else a + b
-        return a
-    if op == 1:
-        return a if a < b else b
-    return a if a > b else b
+    return value_code(dtype, combine)
 
 
 @numba.njit(cache=True, nogil=True)
-def _combine(op: int, mine, received) -> None:
+def _combine(op: int, mine, received, theirs_first: bool) -> None:
+    """``mine`` combined with ``received``, the lower ranks' values first: the same
+    operands in the same order on both partners, so bit-identical results even where the
+    operation's bits depend on the order (a 16-bit minimum or maximum of +0 and -0)."""
     if op == _BITWISE_OR:
         mine_bytes, received_bytes = mine.view(np.uint8), received.view(np.uint8)
         for i in range(mine_bytes.size):
             mine_bytes[i] |= received_bytes[i]
-        return
-    for i in range(mine.size):
-        mine[i] = pick(op, mine[i], received[i])
+    elif theirs_first:
+        combine_values(op, received, mine, mine)
+    else:
+        combine_values(op, mine, received, mine)
 
 
 @numba.njit(cache=True, nogil=True)
-def fold(state, message, receive, mode: int, op: int, mine, received) -> None:
+def fold(state, message, receive, mode: int, op: int, mine, received,
+         theirs_first: bool) -> None:
+    """Fold the message received into ``message`` as ``mode`` says; payloads by ``op``,
+    the partner's first where ``theirs_first`` (its ranks are the lower ones)."""
     same = same_signature(state, message, receive)
     if mode == PAYLOADS and same:
-        _combine(op, mine, received)
+        _combine(op, mine, received, theirs_first)
     elif mode == HEADERS or not same:
         words = state[_HEADER_WORDS]
         header = message[:8 * words].view(np.int64)
@@ -155,13 +137,14 @@ def exchange(state, comm, byte, boxes, counters, message, length: int, receive, 
         error = _receive(state, comm, byte, boxes, counters, folded_from, receive)
         if error != 0:
             return error
-        fold(state, message, receive, mode, op, mine, received)
+        fold(state, message, receive, mode, op, mine, received, True)
     for step in range(state[_PARTNER_COUNT]):
-        error = _send_receive(state, comm, byte, boxes, counters, state[_PARTNERS + step],
-                              message, length, receive)
+        partner = state[_PARTNERS + step]
+        error = _send_receive(state, comm, byte, boxes, counters, partner, message, length,
+                              receive)
         if error != 0:
             return error
-        fold(state, message, receive, mode, op, mine, received)
+        fold(state, message, receive, mode, op, mine, received, partner < state[_RANK])
     if folded_from >= 0:
         return _send(state, comm, byte, boxes, counters, folded_from, message, length)
     return 0
@@ -183,8 +166,7 @@ def _reduce(state, comm, byte, boxes, counters, message, length: int, receive, o
         for i in range(count):
             data[i] = source[i]
     else:
-        for i in range(count):
-            data[i] = source[i] * factors[0]
+        scale_values(op, source, factors[0], data)
     # Constants go to compiled callees as np.int64: passed as they are, each value would
     # compile the callee once more, for that value alone.
     error = exchange(state, comm, byte, boxes, counters, message, length, receive,
@@ -193,12 +175,7 @@ def _reduce(state, comm, byte, boxes, counters, message, length: int, receive, o
         return error
     if not same_signature(state, message, fresh_header):
         return DIFFERENT
-    if factors[1] == 1 and factors[2] == 1:
-        for i in range(count):
-            result[i] = data[i]
-    else:
-        for i in range(count):
-            result[i] = data[i] / factors[1] * factors[2]
+    finish_values(op, data, factors, result)
     return 0
 
 

@@ -10,8 +10,10 @@ Schedule, p ranks, p2 the largest power of two <= p, rem = p - p2:
 3. Unfold: each odd rank of the first 2*rem sends the result back to its even rank.
 
 Cost: lg(p2)*(alpha + n*beta + n*gamma), plus 2*(alpha + n*beta) + n*gamma when p is not
-a power of two. Partners combine the same two operands with a commutative operation,
-and folded ranks receive a copy, so every rank ends with bit-identical bytes.
+a power of two. Partners combine the same two operands in the same order, the lower
+ranks' first, and folded ranks receive a copy, so every rank ends with bit-identical
+bytes, even where an operation's bits depend on its operands' order (a 16-bit minimum
+or maximum of +0 and -0 returns its first operand).
 
 The same exchange carries ringtrain's agreement header (see ``_agreement``): a small
 allreduce sends header and data in one message per step.
@@ -75,7 +77,7 @@ def schedule_of(group: Group) -> Schedule:
 
 
 def exchange(group: Group, message: np.ndarray, receive: np.ndarray,
-             combine: Callable[[np.ndarray], None], comm: Any = None) -> None:
+             combine: Callable[[np.ndarray, bool], None], comm: Any = None) -> None:
     """Allreduce ``message`` (bytes) over the group by recursive doubling, in place.
 
     Args:
@@ -83,9 +85,10 @@ def exchange(group: Group, message: np.ndarray, receive: np.ndarray,
         message: this rank's uint8 message; holds the combined message on return.
         receive: uint8 buffer at least as large as any rank's message (ranks whose
             messages differ in length must still not overflow it).
-        combine: ``combine(received)`` folds a partner's message (a view of
-            ``receive``, as long as ``message``) into ``message``; it may ignore the
-            argument and read ``receive`` through views of its own.
+        combine: ``combine(received, theirs_first)`` folds a partner's message (a view
+            of ``receive``, as long as ``message``) into ``message``, the partner's
+            values first where ``theirs_first`` (they come from lower ranks); it may
+            ignore the arguments and read ``receive`` through views of its own.
         comm: what the messages travel on: anything with mpi4py's ``Send``, ``Recv``
             and ``Sendrecv`` over the group's ranks (default: the group's
             communicator).
@@ -102,10 +105,10 @@ def exchange(group: Group, message: np.ndarray, receive: np.ndarray,
     incoming = receive[:message.nbytes]
     if schedule.folded_from is not None:
         comm.Recv(receive, schedule.folded_from, TAG)
-        combine(incoming)
+        combine(incoming, True)
     for partner in schedule.partners:
         comm.Sendrecv(message, partner, TAG, receive, partner, TAG)
-        combine(incoming)
+        combine(incoming, partner < group.rank)
     if schedule.folded_from is not None:
         comm.Send(message, schedule.folded_from, TAG)
 
@@ -123,8 +126,12 @@ def allreduce(group: Group, buffer: np.ndarray, combine: Combine, segment_bytes:
         piece = buffer[start:start + per_segment]
         piece_bytes = piece.view(np.uint8)
 
-        def fold(received: np.ndarray, piece=piece) -> None:
-            combine(piece, received.view(piece.dtype), out=piece)
+        def fold(received: np.ndarray, theirs_first: bool, piece=piece) -> None:
+            theirs = received.view(piece.dtype)
+            if theirs_first:
+                combine(theirs, piece, out=piece)
+            else:
+                combine(piece, theirs, out=piece)
 
         exchange(group, piece_bytes, receive, fold)
 

@@ -14,10 +14,11 @@ import ml_dtypes
 import numpy as np
 
 import ringtrain as rt
+from ringtrain.kernels import bits, is_floating
 from ringtrain.collectives.agreement._agreement import buffers_of
 from ringtrain.collectives.transport._mailboxes import mailboxes_of
 from ringtrain.collectives.engine import allreduce_plan, reduce_planned
-from ringtrain.collectives.algorithms import _native, _ring
+from ringtrain.collectives.algorithms import _data_phase, _native, _ring
 from ringtrain.collectives.algorithms._ring import allreduce as python_ring
 from ringtrain.collectives.timeline import rank_path
 from ringtrain.collectives.world._world import world
@@ -567,16 +568,17 @@ def native_allreduces_check_and_reduce_in_one_compiled_call():
 
 @check
 def ring_allreduces_run_in_compiled_calls():
-    """The ring of host arrays of the dtypes the compiled exchange combines runs in
-    compiled code, checked in the same call (a plain call) or after the agreement (a
-    prescaled one), and gives the Python ring's bits: uneven chunks, several segments,
-    chunks with nothing in them, in place and out of place, every op, scaled."""
+    """The ring of host arrays of every dtype the compiled exchange combines (the 16-bit
+    floats as their bits) runs in compiled code, checked in the same call (a plain call)
+    or after the agreement (a prescaled one), and gives the Python ring's bits: uneven
+    chunks, several segments, chunks with nothing in them, in place and out of place,
+    every op, scaled."""
     k, me = rt.size(), rt.rank()
     group = world().group
     with configured(segment_bytes=64):
         for dtype in (np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32,
-                      np.int64):
-            floating = np.dtype(dtype).kind == "f"
+                      np.int64, np.float16, ml_dtypes.bfloat16):
+            floating = is_floating(dtype)
             for n in (k - 1, 3 * (64 // np.dtype(dtype).itemsize) * k + 5):
                 for op in OPS:
                     if op is rt.Average and not floating:
@@ -588,7 +590,8 @@ def ring_allreduces_run_in_compiled_calls():
                     assert (plan.checked is not None) == (k > 1), f"{what}: compiled call?"
                     python = np.empty_like(inputs[me])
                     if k > 1:
-                        python_ring(group, inputs[me], python, plan.combine, plan.finish, 64)
+                        python_ring(group, bits(inputs[me]), bits(python), plan.combine,
+                                    plan.finish, 64)
                     else:
                         python[...] = inputs[me]
                     assert_equal_arrays(rt.allreduce(inputs[me], op, algorithm="ring"),
@@ -598,14 +601,34 @@ def ring_allreduces_run_in_compiled_calls():
                     assert_equal_arrays(x, python, what + " in place")
                     if floating:  # the Python path up to the data phase, then compiled
                         rings = len(group.state.get("compiled rings", ()))
-                        prescaled = rt.allreduce(inputs[me] / 2, op, algorithm="ring",
+                        halves = (inputs[me] / 2).astype(dtype)
+                        prescaled = rt.allreduce(halves, op, algorithm="ring",
                                                  prescale_factor=2.0)
                         assert_equal_arrays(prescaled, python, what + " prescaled")
                         assert len(group.state.get("compiled rings", ())) == rings + (k > 1), \
                             f"{what}: prescaled, not compiled"
-        plan = allreduce_plan(np.zeros(5, np.float16), rt.Sum, None, 1.0, 1.0, None, "ring",
-                              rt.Compression.none, "allreduce")
-        assert plan.checked is None, "float16 in the compiled call"
+
+
+@check(min_size=2)
+def compressed_ring_allreduces_run_in_compiled_calls():
+    """A compressed ring allreduce reduces its 16-bit wire in compiled code, with the
+    bits the Python ring gives."""
+    k, me = rt.size(), rt.rank()
+    group = world().group
+    x = make_input(me, (3 * 32 * k + 5,), np.float32, rt.Average, "compressed ring")
+    with configured(segment_bytes=64):
+        for compression in (rt.Compression.fp16, rt.Compression.bf16):
+            rings = len(group.state.get("compiled rings", ()))
+            compiled = rt.allreduce(x, rt.Average, algorithm="ring", compression=compression)
+            assert len(group.state.get("compiled rings", ())) == rings + 1, \
+                f"{compression.name}: not compiled"
+            original = _data_phase.ring_allreduce
+            _data_phase.ring_allreduce = lambda *arguments: False
+            try:
+                python = rt.allreduce(x, rt.Average, algorithm="ring", compression=compression)
+            finally:
+                _data_phase.ring_allreduce = original
+            assert_equal_arrays(compiled, python, f"{compression.name} compressed ring")
 
 
 @check(min_size=2)
@@ -718,6 +741,24 @@ def zero_ties_give_the_same_bits_on_every_rank():
         high = rt.allreduce(zeros, rt.Max, name="zero ties")
         assert np.signbit(low).all() and not np.signbit(high).any(), \
             f"{np.dtype(dtype).name}: min {low}, max {high}"
+
+
+@check(min_size=2)
+def sixteen_bit_zero_ties_give_the_same_bits_on_every_rank():
+    """A 16-bit minimum or maximum of +0 and -0 returns its first operand, so its bits
+    depend on the operands' order; every rank still gets the same bits, from the compiled
+    exchange, the Python one, and ranks mixing the two: partners combine in rank order."""
+    me = rt.rank()
+    for form, python_here in [("compiled", False), ("python", True),
+                              ("mixed", me % 2 == 1)]:
+        with python_exchange(python_here):
+            for dtype in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
+                zeros = np.array([0.0, -0.0] if me % 2 else [-0.0, 0.0], dtype)
+                for op in (rt.Min, rt.Max):
+                    got = rt.allreduce(zeros, op, name=f"zero ties {form}")
+                    every = rt.allgather(got.view(np.uint8)[None], name=f"ties {form}")
+                    assert (every == every[0]).all(), \
+                        f"{form} exchange, {op.name} of {dtype.name}: bits differ: {every}"
 
 
 # --------------------------------------------------------------------------- Adasum
