@@ -92,6 +92,7 @@ def specializations() -> dict[str, list[Specialization]]:
             (_compiled_steps._reduce, (words, handle, handle, words, words, byte, size, byte,
                                        size, header, factors, data, data)),
             (_compiled_steps.reduce_planned, (words, handles, header, factors, data, data)),
+            (_compiled_steps.reduce_segments, (words, handle, handle, data, byte, size, size)),
             (_compiled_ring._checked_ring, (words, handles, words, factors, data, words,
                                             header, data, data)),
             (_compiled_ring._ring_steps, (words, handles, factors, data, data, data, size)),

@@ -109,8 +109,11 @@ def _finish_values(code, a, factors, out):
 
 
 def _combine_native(code, a, b, out):
+    # Each form names two arrays apart, so that the compiler's check for overlapping
+    # arrays passes and the loop runs on vectors (with out an alias of a or b, three
+    # names would fail it, and the loop run one element at a time).
     count = out.size
-    if out.ctypes.data == a.ctypes.data:  # in place: two arrays apart, run on vectors
+    if out.ctypes.data == a.ctypes.data:
         if code == 0:
             for i in range(count):
                 out[i] += b[i]
@@ -120,6 +123,16 @@ def _combine_native(code, a, b, out):
         else:
             for i in range(count):
                 out[i] = pick(code, out[i], b[i])
+    elif out.ctypes.data == b.ctypes.data:
+        if code == 0:
+            for i in range(count):
+                out[i] = a[i] + out[i]
+        elif code == 3:
+            for i in range(count):
+                out[i] = a[i] * out[i]
+        else:
+            for i in range(count):
+                out[i] = pick(code, a[i], out[i])
     elif code == 0:
         for i in range(count):
             out[i] = a[i] + b[i]

@@ -66,8 +66,8 @@ class SixteenBitReduction:
         return host.OP_CODES[self.op] + (BFLOAT if self.encoding else HALF)
 
 
-_NATIVE_CODES: dict[Callable, int] = {np.add: 0, np.minimum: 1, np.maximum: 2,
-                                      np.multiply: 3}
+_NATIVE_CODES: dict[Callable, int] = {host.NUMPY_REDUCTIONS[op]: code
+                                      for op, code in host.OP_CODES.items()}
 _NATIVE_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int8, np.uint8,
                                                  np.int16, np.int32, np.int64))
 

@@ -31,6 +31,7 @@ from ..base._tracing import phase
 from ..transport._c_calls import NO_STAMPS, MpiFunctions, call_c, mpi_functions, stamp
 from ..transport._compiled_exchange import CompiledExchange
 from ..transport._compiled_steps import HEADERS_IF_DIFFERENT, agreed, payload_code
+from . import _ring
 from ._ring import ALLGATHER_TAG, REDUCE_SCATTER_TAG, chunk_bounds
 
 # Words of a ring's description (int64): where this rank's finished chunk goes in the
@@ -203,13 +204,55 @@ def checked_ring(exchange: CompiledExchange, message: np.ndarray, receive: np.nd
 
 
 def ring_allreduce(group: Group, source: np.ndarray, result: np.ndarray, combine: Callable,
-                   finish: Finisher | None, segment_bytes: int) -> bool:
+                   finish: Callable[[np.ndarray], None] | None, segment_bytes: int) -> bool:
     """The ring allreduce of 1-D ``source`` into ``result`` (may be it) in one compiled
     call, after the agreement, as :func:`._ring.allreduce` makes it; False where it
     cannot be (nothing moved then: the Python ring must)."""
+    return _run_ring(group, source, result, None, combine, finish, segment_bytes)
+
+
+def ring_reduce_scatter(group: Group, source: np.ndarray, own: np.ndarray,
+                        bounds: list[int], combine: Callable,
+                        finish: Callable[[np.ndarray], None] | None,
+                        segment_bytes: int) -> bool:
+    """The ring reduce-scatter of 1-D ``source`` into ``own``, this rank's chunk of those
+    between ``bounds``, in one compiled call, after the agreement, as
+    :func:`._ring.reduce_scatter` makes it; False where it cannot be (nothing moved
+    then: the Python ring must)."""
+    return _run_ring(group, source, own, bounds, combine, finish, segment_bytes)
+
+
+def allreduce_by_ring(group: Group, source: np.ndarray, result: np.ndarray, combine: Callable,
+                      finish: Callable[[np.ndarray], None] | None, segment_bytes: int) -> None:
+    """The ring allreduce of 1-D ``source`` into ``result`` (may be it), after the
+    agreement: one compiled call (:func:`ring_allreduce`), or :mod:`._ring`'s steps in
+    Python where it cannot be."""
+    if not ring_allreduce(group, source, result, combine, finish, segment_bytes):
+        _ring.allreduce(group, source, result, combine, finish, segment_bytes)
+
+
+def reduce_scatter_by_ring(group: Group, source: np.ndarray, own: np.ndarray,
+                           bounds: list[int], combine: Callable,
+                           finish: Callable[[np.ndarray], None] | None,
+                           segment_bytes: int) -> None:
+    """The ring reduce-scatter of 1-D ``source`` into ``own`` (this rank's chunk between
+    ``bounds``), after the agreement: one compiled call (:func:`ring_reduce_scatter`), or
+    :mod:`._ring`'s steps in Python where it cannot be."""
+    if not ring_reduce_scatter(group, source, own, bounds, combine, finish, segment_bytes):
+        _ring.reduce_scatter(group, source, own, bounds, combine, finish, segment_bytes)
+
+
+def _run_ring(group: Group, source: np.ndarray, result: np.ndarray, bounds: list[int] | None,
+              combine: Callable, finish: Callable[[np.ndarray], None] | None,
+              segment_bytes: int) -> bool:
+    """The ring allreduce (``bounds`` None: even chunks) or reduce-scatter (chunks between
+    ``bounds``, ``result`` this rank's) of ``source`` in one compiled call; False where
+    it cannot be (a ``finish`` other than a :class:`Finisher`, or see :func:`_ring_for`)."""
     if finish is not None and not isinstance(finish, Finisher):
         return False
-    key = (source.size, source.dtype, combine, finish, segment_bytes)
+    gather = bounds is None
+    key = (source.size, source.dtype, None if gather else tuple(bounds), combine, finish,
+           segment_bytes)
     rings = group.state.setdefault("compiled rings", {})
     if key not in rings:
         if len(rings) >= _RINGS_KEPT:
@@ -218,8 +261,9 @@ def ring_allreduce(group: Group, source: np.ndarray, result: np.ndarray, combine
         rings[key] = (None, None) if functions is None else (
             np.array([functions.handle(group.comm), functions.handle(MPI.BYTE)],
                      functions.handle_dtype),
-            _ring_for(group, functions, source.dtype, chunk_bounds(source.size, group.size),
-                      True, payload_code(source.dtype, combine), finish, segment_bytes))
+            _ring_for(group, functions, source.dtype,
+                      chunk_bounds(source.size, group.size) if gather else list(bounds),
+                      gather, payload_code(source.dtype, combine), finish, segment_bytes))
     handles, ring = rings[key]
     if ring is None:
         return False
@@ -231,7 +275,7 @@ def ring_allreduce(group: Group, source: np.ndarray, result: np.ndarray, combine
         with phase("reduce-scatter", bytes=source.nbytes):
             error = _ring_steps(ring.words, handles, ring.factors, ring.segments, source,
                                 result, _REDUCE_SCATTER)
-        if error == 0:
+        if error == 0 and gather:
             with phase("allgather", bytes=result.nbytes):
                 error = _ring_steps(ring.words, handles, ring.factors, ring.segments, source,
                                     result, _ALLGATHER)

@@ -15,9 +15,10 @@ from ..base._ops import ReduceOp
 from ..base._tracing import phase
 from ..config import current_settings
 from ..transport import _recursive_doubling
+from ..transport._compiled_exchange import reduce_by_recursive_doubling
 from ..world._topology import HIERARCHICAL, NodeLayout, hierarchy_for, layout_of
-from . import _adasum, _hierarchical, _native, _ring
-from ._compiled_ring import ring_allreduce
+from . import _adasum, _hierarchical, _native
+from ._compiled_ring import allreduce_by_ring
 from ._selection import ADASUM
 
 
@@ -52,14 +53,13 @@ def reduce_flat(group: Group, algorithm: str, source: np.ndarray, result: np.nda
                                          segment_bytes)
         return
     elif algorithm == "ring":
-        if not ring_allreduce(group, source, result, combine, finish, segment_bytes):
-            _ring.allreduce(group, source, result, combine, finish, segment_bytes)
+        allreduce_by_ring(group, source, result, combine, finish, segment_bytes)
         return
     elif algorithm == "recursive_doubling":
         if result is not source:
             result[:] = source
         with phase("recursive doubling", bytes=result.nbytes):
-            _recursive_doubling.allreduce(group, result, combine, segment_bytes)
+            recursive_doubling_allreduce(group, result, combine, segment_bytes)
     elif encoding is not None or result.dtype == np.float16:
         send = MPI.IN_PLACE if result is source else [source.view(np.uint16), MPI.UINT16_T]
         _native.allreduce(group, send, [result.view(np.uint16), MPI.UINT16_T],
@@ -69,6 +69,14 @@ def reduce_flat(group: Group, algorithm: str, source: np.ndarray, result: np.nda
                           _native.MPI_OPS[op], result.nbytes)
     if finish is not None:
         finish(result)
+
+
+def recursive_doubling_allreduce(group: Group, buffer: np.ndarray, combine: Combine,
+                                 segment_bytes: int) -> None:
+    """Allreduce 1-D ``buffer`` in place by recursive doubling, after the agreement: one
+    compiled call, or the same steps in Python where the compiled exchange is off."""
+    if not reduce_by_recursive_doubling(group, buffer, combine, segment_bytes):
+        _recursive_doubling.allreduce(group, buffer, combine, segment_bytes)
 
 
 def reduce_hierarchical(group: Group, algorithm: str, layout: NodeLayout, source: np.ndarray,

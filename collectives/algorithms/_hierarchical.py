@@ -79,6 +79,7 @@ from ..base._group import Group
 from ..base._tracing import phase
 from ..world._topology import Hierarchy
 from . import _broadcast_algorithms, _ring
+from ._compiled_ring import allreduce_by_ring, reduce_scatter_by_ring
 
 Finish = Callable[[np.ndarray], None]
 Stripe = Callable[[int, int], None]
@@ -142,8 +143,8 @@ def allreduce(hierarchy: Hierarchy, source: np.ndarray, result: np.ndarray, comb
                 if result is not source:
                     result[:] = source
             else:
-                _ring.reduce_scatter(local, source, result[start:end], bounds, combine, None,
-                                     segment_bytes)
+                reduce_scatter_by_ring(local, source, result[start:end], bounds, combine,
+                                       None, segment_bytes)
     else:
         slots, target = window.arrays(source.dtype, source.size)
         with phase("intra-node copy in", bytes=source.nbytes):
@@ -359,7 +360,7 @@ def leader_allreduce(hierarchy: Hierarchy, source: np.ndarray, result: np.ndarra
         else:
             bounds = _ring.chunk_bounds(source.size, local.size)
             own = result[bounds[local.rank]:bounds[local.rank + 1]]
-            _ring.reduce_scatter(local, source, own, bounds, combine, None, segment_bytes)
+            reduce_scatter_by_ring(local, source, own, bounds, combine, None, segment_bytes)
             _gather_to_leader(local, result.view(np.uint8),
                               [b * result.itemsize for b in bounds])
     leaders = hierarchy.leaders
@@ -480,8 +481,8 @@ def reduce_scatter(hierarchy: Hierarchy, source: np.ndarray, own: np.ndarray,
         node_sum = local.scratch.get("hierarchical.column sum", node_sum.nbytes)[
             :node_sum.nbytes].view(source.dtype)
         with phase("intra-node reduce-scatter", bytes=source.nbytes):
-            _ring.reduce_scatter(local, packed, node_sum, column_bounds, combine, None,
-                                 segment_bytes)
+            reduce_scatter_by_ring(local, packed, node_sum, column_bounds, combine, None,
+                                   segment_bytes)
     cross = hierarchy.cross[0]
     cross_bounds = [0, *accumulate(sizes[rank] for rank in mine)]
     with phase("inter-node reduce-scatter", bytes=node_sum.nbytes,
@@ -492,14 +493,14 @@ def reduce_scatter(hierarchy: Hierarchy, source: np.ndarray, own: np.ndarray,
                 finish(own)
             _unwire(wire, own, own)
         elif wire is None:
-            _ring.reduce_scatter(cross, node_sum, own, cross_bounds, combine, finish,
-                                 segment_bytes)
+            reduce_scatter_by_ring(cross, node_sum, own, cross_bounds, combine, finish,
+                                   segment_bytes)
         else:
             encoded = wire.buffer[:node_sum.size]
             wire.compressor.encode(node_sum, encoded, wire.encode_scale, key=wire.key)
             reduced = encoded[cross_bounds[cross.rank]:cross_bounds[cross.rank + 1]]
-            _ring.reduce_scatter(cross, encoded, reduced, cross_bounds, wire.combine, None,
-                                 segment_bytes)
+            reduce_scatter_by_ring(cross, encoded, reduced, cross_bounds, wire.combine, None,
+                                   segment_bytes)
             _unwire(wire, reduced, own)
 
 
@@ -517,7 +518,7 @@ def _unwire(wire: Wire | None, data: np.ndarray, out: np.ndarray) -> None:
 def _cross_allreduce(cross: Group, piece: np.ndarray, combine: Combine,
                      finish: Finish | None, segment_bytes: int) -> None:
     if cross.size > 1 and piece.size > 0:
-        _ring.allreduce(cross, piece, piece, combine, finish, segment_bytes)
+        allreduce_by_ring(cross, piece, piece, combine, finish, segment_bytes)
     elif finish is not None:
         finish(piece)
 

@@ -14,7 +14,9 @@ from ...kernels.host import scale_into
 from ...kernels.reduction import Combine
 from ..agreement._agreement import agree
 from ..agreement._call import Call
-from ..algorithms import _hierarchical, _native, _ring
+from ..algorithms import _hierarchical, _native
+from ..algorithms._compiled_ring import reduce_scatter_by_ring
+from ..algorithms._data_phase import recursive_doubling_allreduce
 from ..base._buffers import device_tensor
 from ..base._checks import check_compression, flat, input_array
 from ..base._finishing import Finisher
@@ -24,7 +26,6 @@ from ..base._result_pool import RESULTS
 from ..config import current_settings
 from ..memory._memory import AWARE, HOST, goes_direct
 from ..memory._placement import memory_for, staged
-from ..transport import _recursive_doubling
 from ..world._process_sets import ProcessSet
 from ..world._topology import hierarchy_for
 from ._allreduce_run import warn_nonfinite
@@ -89,8 +90,8 @@ def _reduced(plan: ReducescatterPlan, memory: Any, source: Any, like: Any,
         memory.finish(output, plan.finish_checked)
         return output
     if chosen == "ring" and group.size > 1:
-        _ring.reduce_scatter(group, memory.for_mpi(start), memory.for_mpi(result),
-                             plan.bounds, plan.combine, plan.finish, segment_bytes)
+        reduce_scatter_by_ring(group, memory.for_mpi(start), memory.for_mpi(result),
+                               plan.bounds, plan.combine, plan.finish, segment_bytes)
         return output
     if chosen == "hierarchical" and group.size > 1:
         _hierarchical.reduce_scatter(hierarchy_for(group, plan.layout), memory.for_mpi(start),
@@ -137,8 +138,8 @@ def _compressed(plan: ReducescatterPlan, source: np.ndarray, name: str | None,
     own = bounds[group.rank + 1] - bounds[group.rank]
     reduced = HOST.scratch("wire share", own, compressor.wire_dtype)
     if group.size > 1:
-        _ring.reduce_scatter(group, wire, reduced, bounds, plan.combine, None,
-                             plan.settings.segment_bytes)
+        reduce_scatter_by_ring(group, wire, reduced, bounds, plan.combine, None,
+                               plan.settings.segment_bytes)
     else:
         reduced[:] = wire
     compressor.decode(reduced, output.reshape(-1), decode_scale)
@@ -164,7 +165,7 @@ def _by_recursive_doubling(group: Group, call: Call, source: np.ndarray,
     agree(group, call)
     reduced = np.empty_like(source)
     scale_into(source, prescale_factor, reduced)
-    _recursive_doubling.allreduce(group, reduced, combine, segment_bytes)
+    recursive_doubling_allreduce(group, reduced, combine, segment_bytes)
     output = RESULTS.empty(shape, source.dtype)
     share = reduced[start:start + output.size]
     if finish is None:

@@ -8,8 +8,10 @@ finished result. So is a larger allreduce, broadcast, reduce-scatter, allgather 
 alltoall that the MPI library's own collective moves
 (:meth:`CompiledExchange.checked_collective`), and a small broadcast or gather riding
 through the mailboxes (:meth:`CompiledExchange.broadcast_held`,
-:meth:`CompiledExchange.gather_held`). ``RINGTRAIN_COMPILED_EXCHANGE=0`` turns the
-compiled exchange off: the agreement then runs its Python exchange, the same messages.
+:meth:`CompiledExchange.gather_held`). The same schedule reduces data alone, after the
+agreement, in segments (:func:`reduce_by_recursive_doubling`).
+``RINGTRAIN_COMPILED_EXCHANGE=0`` turns the compiled exchange off: the agreement then
+runs its Python exchange, the same messages.
 """
 from __future__ import annotations
 
@@ -19,12 +21,13 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
+from ...kernels.reduction import compiled_view
 from ..base._group import Group
 from ._c_calls import NO_STAMPS, MpiFunctions, mpi_functions
 from ._compiled_checked import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, MAILBOX_ALLGATHER,
                                 MAILBOX_ALLTOALL, REDUCE_SCATTER, checked_collective_call)
 from ._compiled_riding import broadcast_held, gather_held
-from ._compiled_steps import exchange, reduce_planned
+from ._compiled_steps import exchange, payload_code, reduce_planned, reduce_segments
 from ._mailboxes import NO_BOXES, mailboxes_of
 from ._recursive_doubling import schedule_of
 
@@ -67,6 +70,20 @@ class CompiledExchange:
         """
         error = exchange(self._state, self._comm, self._byte, self._boxes, self._counters,
                          message, length, receive, mode, code, mine, received)
+        if error:
+            raise MPI.Exception(error)
+
+    def reduce_data(self, buffer: np.ndarray, receive: np.ndarray, code: int,
+                    per_segment: int) -> None:
+        """Allreduce 1-D ``buffer`` in place by this group's schedule, ``per_segment``
+        elements a message, without a header (through MPI, never the mailboxes),
+        combined by ``code``; ``receive`` (uint8) holds a message.
+
+        Raises:
+            MPI.Exception: an MPI call failed.
+        """
+        error = reduce_segments(self._state, self._comm, self._byte, buffer, receive,
+                                per_segment, code)
         if error:
             raise MPI.Exception(error)
 
@@ -187,3 +204,24 @@ def compiled_exchange(group: Group, signature_bytes: int,
     functions = mpi_functions()
     return None if functions is None else \
         CompiledExchange(group, functions, signature_bytes, header_bytes)
+
+
+def reduce_by_recursive_doubling(group: Group, buffer: np.ndarray, combine: Callable,
+                                 segment_bytes: int) -> bool:
+    """Allreduce 1-D ``buffer`` in place by recursive doubling after the agreement, in one
+    compiled call, the steps and messages of :func:`._recursive_doubling.allreduce`
+    (segments of at most ``segment_bytes``, through MPI); False where it cannot be
+    (values the compiled exchange does not combine, or it is off): nothing moved then."""
+    code = payload_code(buffer.dtype, combine)
+    if code is None:
+        return False
+    if "data exchange" not in group.state:
+        group.state["data exchange"] = compiled_exchange(group, 0, 0)
+    compiled = group.state["data exchange"]
+    if compiled is None:
+        return False
+    buffer = compiled_view(buffer)
+    per_segment = max(1, segment_bytes // buffer.itemsize)
+    receive = group.scratch.get("rd.segment", min(buffer.size, per_segment) * buffer.itemsize)
+    compiled.reduce_data(buffer, receive, code, per_segment)
+    return True

@@ -39,6 +39,8 @@ HEADERS = 1
 """Combine the headers at every step."""
 PAYLOADS = 2
 """Combine the payloads when the signatures are equal, else the headers."""
+DATA = 3
+"""Combine the payloads at every step: messages of data alone, without a header."""
 DIFFERENT = -1
 """What :func:`reduce_planned` returns when some rank's signature differed (nothing was reduced)."""
 
@@ -77,6 +79,9 @@ def fold(state, message, receive, mode: int, op: int, mine, received,
          theirs_first: bool) -> None:
     """Fold the message received into ``message`` as ``mode`` says; payloads by ``op``,
     the partner's first where ``theirs_first`` (its ranks are the lower ones)."""
+    if mode == DATA:
+        _combine(op, mine, received, theirs_first)
+        return
     same = same_signature(state, message, receive)
     if mode == PAYLOADS and same:
         _combine(op, mine, received, theirs_first)
@@ -176,6 +181,25 @@ def _reduce(state, comm, byte, boxes, counters, message, length: int, receive, o
     if not same_signature(state, message, fresh_header):
         return DIFFERENT
     finish_values(op, data, factors, result)
+    return 0
+
+
+@numba.njit(cache=True, nogil=True)
+def reduce_segments(state, comm, byte, buffer, receive, per_segment: int, op: int) -> int:
+    """The recursive-doubling allreduce of 1-D ``buffer`` in place, ``per_segment``
+    elements at a time, each segment's message its data alone (mode :data:`DATA`),
+    through MPI, combined by payload code ``op``: the schedule and the messages of
+    :func:`._recursive_doubling.allreduce`; 0 or the MPI call's error. ``receive``
+    (uint8) holds a segment."""
+    no_boxes = np.empty(0, np.int64)
+    for start in range(0, buffer.size, per_segment):
+        piece = buffer[start:start + per_segment]
+        message = piece.view(np.uint8)
+        length = message.size
+        error = exchange(state, comm, byte, no_boxes, no_boxes, message, length, receive,
+                         np.int64(DATA), op, piece, receive[:length].view(buffer.dtype))
+        if error != 0:
+            return error
     return 0
 
 

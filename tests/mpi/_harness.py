@@ -363,6 +363,28 @@ def same_on_all_ranks(value: object, what: str, comm: MPI.Comm = WORLD) -> None:
 
 
 @contextlib.contextmanager
+def replaced(owner: object, name: str, value: object):
+    """``owner.name`` is ``value`` for the block (a module's function, to refuse a route or
+    to take another), then what it was."""
+    original = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def refused(*arguments: object, **keywords: object) -> None:
+    """Stands in for a route that must not be taken."""
+    raise AssertionError("a route that must not run ran")
+
+
+def declined(*arguments: object, **keywords: object) -> bool:
+    """Stands in for a compiled route that declines (returns False): its fallback runs."""
+    return False
+
+
+@contextlib.contextmanager
 def configured(**overrides):
     """Apply ``rt.configure(**overrides)`` for the block, then restore the settings."""
     saved = dataclasses.asdict(rt.current_settings())

@@ -5,19 +5,23 @@ Run: mpiexec -n K python tests/mpi/gather_scatter.py [--only SUBSTRING]
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 import ringtrain as rt
+from ringtrain.collectives.algorithms import _compiled_ring, _data_phase, _ring
 from ringtrain.collectives.algorithms._ring import reduce_scatter as python_reduce_scatter
 from ringtrain.collectives.algorithms._selection import auto_choice
 from ringtrain.collectives.calls._allgather_plan import AllgatherPlan
 from ringtrain.collectives.calls._alltoall_plan import AlltoallPlan
 from ringtrain.collectives.calls._reducescatter_plan import ReducescatterPlan
 from ringtrain.collectives.transport._mailboxes import MESSAGE_BYTES
+from ringtrain.collectives.transport import _recursive_doubling
 from ringtrain.collectives.world._topology import layout_of
 from ringtrain.collectives.world._world import world
 from _harness import (COPY_DTYPES, OPS, REDUCE_DTYPES, WORLD, assert_equal_arrays, assert_reduced,
-                      check, configured, expect_raises, main, make_input, reduce_reference)
+                      check, configured, declined, expect_raises, main, make_input,
+                      reduce_reference, refused, replaced)
 
 # --------------------------------------------------------------------------- allgather
 
@@ -563,6 +567,38 @@ def ring_reducescatters_check_and_reduce_in_one_compiled_call():
         assert_equal_arrays(rt.reducescatter(np.ones((4 * k, 3), np.float32), rt.Sum,
                                              name="after", algorithm="ring"),
                             np.full((4, 3), k, np.float32), "a reducescatter after the mismatch")
+
+
+@check(min_size=2)
+def reducescatters_after_the_check_run_in_compiled_calls():
+    """A reduce-scatter whose data phase follows the agreement (prescaled, compressed to
+    a 16-bit wire, or by recursive doubling) runs it in compiled code, never the Python
+    steps, with the bits those steps give; 16-bit floats and integers too."""
+    k, me = rt.size(), rt.rank()
+    cases = [(np.float32, rt.Compression.none, "ring"), (np.float16, rt.Compression.none, "ring"),
+             (ml_dtypes.bfloat16, rt.Compression.none, "ring"),
+             (np.float32, rt.Compression.fp16, "ring"), (np.float32, rt.Compression.bf16, "ring"),
+             (np.float32, rt.Compression.none, "recursive_doubling"),
+             (ml_dtypes.bfloat16, rt.Compression.none, "recursive_doubling"),
+             (np.int32, rt.Compression.none, "recursive_doubling")]
+    with configured(segment_bytes=4096):
+        for dtype, compression, algorithm in cases:
+            rows = 3 * k + 1 if algorithm == "ring" else 20_000  # past the agreement's payload
+            x = make_input(me, (rows, 5), dtype, rt.Sum, "after the check")
+            prescale = 1.0 if np.dtype(dtype).kind == "i" else 2.0
+            what = f"reducescatter {algorithm} {np.dtype(dtype).name} {compression.name}"
+
+            def reduced() -> np.ndarray:
+                return rt.reducescatter(x, rt.Sum, algorithm=algorithm, compression=compression,
+                                        prescale_factor=prescale, name=what)
+
+            with replaced(_ring, "reduce_scatter", refused), \
+                    replaced(_recursive_doubling, "allreduce", refused):
+                compiled = reduced()
+            with replaced(_compiled_ring, "ring_reduce_scatter", declined), \
+                    replaced(_data_phase, "reduce_by_recursive_doubling", declined):
+                python = reduced()
+            assert_equal_arrays(compiled, python, what)
 
 
 if __name__ == "__main__":
