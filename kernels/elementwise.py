@@ -10,9 +10,10 @@ serial loops). Each function is compiled for the arrays it is given: the 16-bit 
 only where they are uint16.
 
 Native values combine as numpy's ufuncs do, except that a minimum or maximum of +0 and
--0 is -0 or +0 whatever the operands' order (numpy returns its second operand on a tie),
-so that ranks combining in different orders get the same bits. Factors are those of
-:func:`factors`.
+-0 is -0 or +0 whatever the operands' order (numpy returns its second operand on a tie).
+The 16-bit loops return their first operand on that tie, as the host kernels do: the
+exchanges combine the lower ranks' values first, so that every rank gets the same bits.
+Factors are those of :func:`factors_for`.
 """
 
 from __future__ import annotations

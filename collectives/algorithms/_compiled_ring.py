@@ -10,7 +10,9 @@ after it misses (docs/lab/2026-11-26-the-ring-in-compiled-code.md measures it).
 Host arrays of the dtypes the compiled exchange combines (:func:`payload_code`: numpy's
 own, and the 16-bit floats as their bits, compressed wires included). A call a timeline
 records runs the same steps in two compiled calls, the reduce-scatter and the allgather,
-each one phase.
+each one phase. The data phases call :func:`allreduce_by_ring` and
+:func:`reduce_scatter_by_ring`, which take :mod:`._ring`'s Python steps only where
+compiled calls are off.
 """
 
 from __future__ import annotations
@@ -92,10 +94,9 @@ def _checked_ring(plan, handles, ring, factors, scratch, stamps, fresh_header, s
 def _ring_steps(ring, handles, factors, scratch, source, result, halves) -> int:
     """The ring that ``ring`` describes over the communicator of ``handles`` (with
     ``MPI_BYTE``): the reduce-scatter of 1-D ``source``, this rank's chunk finished by
-    ``factors`` into ``result`` at its place, then, for an
-    allreduce, the allgather of every chunk in ``result`` (may be ``source``); of these,
-    the ``halves`` (``_REDUCE_SCATTER``, ``_ALLGATHER`` or ``_BOTH``): 0 or an MPI
-    error."""
+    ``factors`` into ``result`` at its place, then, for an allreduce, the allgather of
+    every chunk in ``result`` (may be ``source``); of these, the ``halves``
+    (``_REDUCE_SCATTER``, ``_ALLGATHER`` or ``_BOTH``): 0 or an MPI error."""
     comm, byte, itemsize = handles[0], handles[1], source.itemsize
     rank, size, op, own_at = ring[_RANK], ring[_SIZE], ring[_OP], ring[_OWN_AT]
     bounds = ring[_BOUNDS:_BOUNDS + size + 1]

@@ -15,8 +15,8 @@ from ringtrain.collectives.algorithms._selection import auto_choice
 from ringtrain.collectives.calls._allgather_plan import AllgatherPlan
 from ringtrain.collectives.calls._alltoall_plan import AlltoallPlan
 from ringtrain.collectives.calls._reducescatter_plan import ReducescatterPlan
-from ringtrain.collectives.transport._mailboxes import MESSAGE_BYTES
 from ringtrain.collectives.transport import _recursive_doubling
+from ringtrain.collectives.transport._mailboxes import MESSAGE_BYTES
 from ringtrain.collectives.world._topology import layout_of
 from ringtrain.collectives.world._world import world
 from _harness import (COPY_DTYPES, OPS, REDUCE_DTYPES, WORLD, assert_equal_arrays, assert_reduced,
